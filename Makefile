@@ -1,0 +1,48 @@
+# The two commands of the quick start: `make train` and `make test`.
+# Each creates (or reuses) a virtual environment in .venv and installs the
+# pinned, tested versions from constraints.txt before it runs.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: install train test bench lint format docs constraints clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+# Train the default agent: MonoBeast on PongNoFrameskip-v4 with the default flags.
+train: $(STAMP)
+	$(PY) -m torchbeast.monobeast --env PongNoFrameskip-v4 $(ARGS)
+
+# The whole test suite; .ci/run calls exactly this.
+test: $(STAMP)
+	$(PY) -m ruff check torchbeast tests
+	$(PY) -m ruff format --check torchbeast tests
+	$(PY) -m pytest $(ARGS)
+
+bench: $(STAMP)
+	$(PY) -m torchbeast.bench $(ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check torchbeast tests
+
+format: $(STAMP)
+	$(PY) -m ruff format torchbeast tests
+	$(PY) -m ruff check --fix torchbeast tests
+
+# Regenerate the flag reference in README.md from the parser.
+docs: $(STAMP)
+	$(PY) -m torchbeast.core.flags --update-readme README.md
+
+constraints: $(STAMP)
+	$(PY) -m pip freeze --exclude-editable | sed 's/+cpu//' > constraints.txt
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,189 @@
+"""Tests for torchbeast.plot: reading logs.csv and writing learning-curve PNGs."""
+
+import math
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from torchbeast import plot
+
+HEADER = (
+    "# _tick,_time,step,total_loss,mean_episode_return,pg_loss,baseline_loss,entropy_loss,sps\n"
+)
+ROWS = (
+    "0,1700000000.0,3200,1.5,,0.1,1.2,-0.2,1600.0\n"
+    "1,1700000002.0,6400,1.25,-21.0,0.05,1.1,-0.19,1600.0\n"
+    "2,1700000004.0,9600,1.0,-20.5,0.02,0.9,-0.18,1650.0\n"
+)
+# A resumed run appends a header with one extra field, then more rows.
+RESUMED = (
+    "# _tick,_time,step,total_loss,mean_episode_return,pg_loss,baseline_loss,entropy_loss,sps,lr\n"
+    "3,1700000100.0,12800,0.75,-19.0,0.01,0.7,-0.17,1700.0,0.0004\n"
+)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(root: Path, xpid: str, text: str = HEADER + ROWS) -> Path:
+    """Create ``root/xpid/logs.csv`` holding ``text``; return the run folder."""
+    folder = root / xpid
+    folder.mkdir(parents=True)
+    (folder / "logs.csv").write_text(text)
+    return folder
+
+
+def assert_is_png_figure(path: Path) -> None:
+    assert path.is_file()
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    image = matplotlib.image.imread(path)
+    width, height = plot.FIGSIZE
+    assert image.shape[:2] == (round(height * plot.DPI), round(width * plot.DPI))
+
+
+def test_read_logs_parses_every_column_as_floats(tmp_path):
+    folder = write_run(tmp_path, "run")
+
+    logs = plot.read_logs(folder / "logs.csv")
+
+    assert list(logs) == [
+        "_tick",
+        "_time",
+        "step",
+        "total_loss",
+        "mean_episode_return",
+        "pg_loss",
+        "baseline_loss",
+        "entropy_loss",
+        "sps",
+    ]
+    assert logs["step"].tolist() == [3200.0, 6400.0, 9600.0]
+    assert logs["_time"].tolist() == [1700000000.0, 1700000002.0, 1700000004.0]
+    assert logs["sps"].tolist() == [1600.0, 1600.0, 1650.0]
+    assert all(column.dtype == np.float64 for column in logs.values())
+
+
+def test_read_logs_reads_empty_cell_as_nan(tmp_path):
+    folder = write_run(tmp_path, "run")
+
+    returns = plot.read_logs(folder / "logs.csv")["mean_episode_return"]
+
+    assert math.isnan(returns[0])
+    assert returns[1:].tolist() == [-21.0, -20.5]
+
+
+def test_read_logs_rereads_field_names_after_resume_header(tmp_path):
+    folder = write_run(tmp_path, "run", HEADER + ROWS + RESUMED)
+
+    logs = plot.read_logs(folder / "logs.csv")
+
+    assert logs["step"].tolist() == [3200.0, 6400.0, 9600.0, 12800.0]
+    assert logs["mean_episode_return"][1:].tolist() == [-21.0, -20.5, -19.0]
+    assert np.isnan(logs["lr"][:3]).all()
+    assert logs["lr"][3] == 0.0004
+
+
+def test_read_logs_accepts_run_folder(tmp_path):
+    folder = write_run(tmp_path, "run")
+
+    assert plot.read_logs(folder)["step"].tolist() == [3200.0, 6400.0, 9600.0]
+
+
+def test_smooth_is_trailing_mean_over_window():
+    smoothed = plot.smooth(np.array([1.0, 3.0, 5.0, 7.0]), 2)
+
+    assert smoothed.tolist() == [1.0, 2.0, 4.0, 6.0]
+
+
+def test_return_curve_drops_rows_without_return(tmp_path):
+    logs = plot.read_logs(write_run(tmp_path, "run"))
+
+    steps, returns = plot.return_curve(logs)
+
+    assert steps.tolist() == [6400.0, 9600.0]
+    assert returns.tolist() == [-21.0, -20.5]
+
+
+def test_sps_curve_computes_from_steps_and_time_without_sps_column(tmp_path):
+    text = "# _tick,_time,step\n0,100.0,0\n1,102.0,3200\n2,106.0,6400\n"
+    logs = plot.read_logs(write_run(tmp_path, "run", text))
+
+    steps, sps = plot.sps_curve(logs)
+
+    assert steps.tolist() == [3200.0, 6400.0]
+    assert sps.tolist() == [1600.0, 800.0]
+
+
+def test_main_writes_curve_png_in_run_folder_for_one_xpid(tmp_path, capsys):
+    folder = write_run(tmp_path, "pong")
+
+    code = plot.main(["--xpid", "pong", "--savedir", str(tmp_path)])
+
+    assert code == 0
+    assert_is_png_figure(folder / "curve.png")
+    assert capsys.readouterr().out.strip() == str(folder / "curve.png")
+
+
+def test_main_writes_one_png_for_two_run_paths(tmp_path):
+    first = write_run(tmp_path, "pong_1")
+    second = write_run(tmp_path, "pong_2", HEADER + ROWS + RESUMED)
+    out = tmp_path / "both.png"
+
+    code = plot.main([str(first), str(second / "logs.csv"), "--out", str(out)])
+
+    assert code == 0
+    assert_is_png_figure(out)
+
+
+def test_main_writes_learning_curves_png_in_cwd_for_several_runs(tmp_path, monkeypatch):
+    write_run(tmp_path, "a")
+    write_run(tmp_path, "b")
+    monkeypatch.chdir(tmp_path)
+
+    code = plot.main(["--xpid", "a", "--xpid", "b", "--savedir", str(tmp_path)])
+
+    assert code == 0
+    assert_is_png_figure(tmp_path / "learning_curves.png")
+
+
+def test_main_missing_run_folder_exits_2_with_one_line_error(tmp_path, capsys):
+    code = plot.main(["--xpid", "nope", "--savedir", str(tmp_path)])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1
+    assert str(tmp_path / "nope") in err
+    assert "--savedir" in err
+
+
+def test_main_logs_without_rows_exits_2_with_one_line_error(tmp_path, capsys):
+    folder = write_run(tmp_path, "fresh", HEADER)
+
+    code = plot.main([str(folder)])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1
+    assert "no rows" in err
+    assert not (folder / "curve.png").exists()
+
+
+def test_main_folder_without_logs_exits_2_naming_how_to_train(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+
+    code = plot.main([str(tmp_path / "empty")])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1
+    assert "python -m torchbeast.monobeast --xpid empty" in err
+
+
+@pytest.mark.parametrize("smooth", ["0", "-3"])
+def test_main_rejects_smooth_below_one(tmp_path, capsys, smooth):
+    write_run(tmp_path, "run")
+
+    code = plot.main([str(tmp_path / "run"), "--smooth", smooth])
+
+    assert code == 2
+    assert "--smooth" in capsys.readouterr().err

@@ -1,0 +1,62 @@
+"""Checkpoints: written atomically, loaded with ``weights_only=True``."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable, or belongs to another env or model."""
+
+
+def save(path: str, state: dict) -> None:
+    """Writes ``state`` to ``path`` via a temp file and rename: never a half-written file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp_path = tempfile.mkstemp(prefix=".model.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_path, path)
+    except BaseException:
+        if os.path.exists(tmp_path):
+            os.unlink(tmp_path)
+        raise
+
+
+def load(path: str, map_location: str | torch.device = "cpu") -> dict:
+    if not os.path.exists(path):
+        raise CheckpointError(
+            f"no checkpoint at {path}: train first (--mode train with the same --xpid "
+            "and --savedir), or pass the --xpid/--savedir of a trained run"
+        )
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:
+        raise CheckpointError(f"cannot read checkpoint {path} ({error}); it is damaged") from None
+
+
+def check_compatible(state: dict, env_id: str, model_config: dict, path: str) -> None:
+    """Refuses a checkpoint trained on another environment or with another model."""
+    saved_env = state.get("env")
+    if saved_env != env_id:
+        raise CheckpointError(
+            f"checkpoint {path} was trained on {saved_env}, not {env_id}: "
+            f"pass --env {saved_env}, or another --xpid"
+        )
+    saved_model = state.get("model_config")
+    if saved_model != model_config:
+        differences = ", ".join(
+            f"{key} {saved_model.get(key)} (given {model_config.get(key)})"
+            for key in sorted(model_config)
+            if saved_model.get(key) != model_config.get(key)
+        )
+        raise CheckpointError(
+            f"checkpoint {path} holds another model: {differences}; "
+            "pass the model flags it was trained with (--use_lstm, --use_resnet, "
+            "--hidden_size, --num_layers)"
+        )

@@ -1,0 +1,142 @@
+"""Run folder ``savedir/xpid/``: logs.csv, fields.csv, meta.json, out.log, TensorBoard.
+
+The layout is TorchBeast's: ``logs.csv`` starts with a ``# ``-commented header line and has
+one row per learner update; a resumed run appends (with a new header line if the fields
+changed). ``meta.json`` holds flags, times, versions and the git commit, never the
+process environment, which may hold secrets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from importlib import metadata
+
+log = logging.getLogger("torchbeast")
+
+VERSIONED_PACKAGES = ("torch", "numpy", "gymnasium", "ale-py", "torchbeast")
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": sys.version.split()[0]}
+    for package in VERSIONED_PACKAGES:
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def git_commit() -> str | None:
+    source = os.path.dirname(os.path.abspath(__file__))
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() or None if result.returncode == 0 else None
+
+
+def setup_console_logging() -> None:
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("[%(levelname)s:%(process)d %(asctime)s] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+class FileWriter:
+    def __init__(self, flags: argparse.Namespace, tensorboard: bool = True):
+        self.directory = os.path.join(flags.savedir, flags.xpid)
+        os.makedirs(self.directory, exist_ok=True)
+        self._link_latest(flags)
+        self.paths = {
+            name: os.path.join(self.directory, name)
+            for name in ("logs.csv", "fields.csv", "meta.json", "out.log")
+        }
+
+        setup_console_logging()
+        self._file_handler = logging.FileHandler(self.paths["out.log"])
+        self._file_handler.setFormatter(
+            logging.Formatter("[%(levelname)s:%(process)d %(asctime)s] %(message)s")
+        )
+        log.addHandler(self._file_handler)
+
+        self.meta = {
+            "flags": {key: value for key, value in vars(flags).items()},
+            "date_start": datetime.datetime.now().isoformat(),
+            "date_end": None,
+            "successful": False,
+            "versions": versions(),
+            "git_commit": git_commit(),
+            "command": sys.argv,
+        }
+        self._write_meta()
+
+        self.fieldnames: list[str] = []
+        self._tick = 0
+        self._logs_file = open(self.paths["logs.csv"], "a", newline="")  # noqa: SIM115
+        self._tensorboard = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tensorboard = SummaryWriter(log_dir=self.directory)
+
+    def _link_latest(self, flags: argparse.Namespace) -> None:
+        link = os.path.join(flags.savedir, "latest")
+        try:
+            if os.path.islink(link):
+                os.remove(link)
+            if not os.path.exists(link):
+                os.symlink(flags.xpid, link)
+        except OSError as error:
+            log.warning("could not point %s at %s: %s", link, flags.xpid, error)
+
+    def _write_meta(self) -> None:
+        tmp_path = self.paths["meta.json"] + ".tmp"
+        with open(tmp_path, "w") as f:
+            json.dump(self.meta, f, indent=2, sort_keys=True, default=str)
+        os.replace(tmp_path, self.paths["meta.json"])
+
+    def log(self, stats: dict) -> None:
+        """Appends one row to logs.csv and the same scalars to TensorBoard."""
+        row = {"_tick": self._tick, "_time": time.time(), **stats}
+        self._tick += 1
+        new_fields = [key for key in row if key not in self.fieldnames]
+        if new_fields:
+            self.fieldnames += new_fields
+            with open(self.paths["fields.csv"], "w") as f:
+                f.write(",".join(self.fieldnames) + "\n")
+            self._logs_file.write("# " + ",".join(self.fieldnames) + "\n")
+        writer = csv.DictWriter(self._logs_file, fieldnames=self.fieldnames, restval="")
+        writer.writerow({key: _cell(value) for key, value in row.items()})
+        self._logs_file.flush()
+        if self._tensorboard is not None and "step" in stats:
+            for key, value in stats.items():
+                if key != "step" and isinstance(value, (int, float)) and value == value:
+                    self._tensorboard.add_scalar(key, value, stats["step"])
+
+    def close(self, successful: bool = True) -> None:
+        self.meta["date_end"] = datetime.datetime.now().isoformat()
+        self.meta["successful"] = successful
+        self._write_meta()
+        self._logs_file.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+        log.removeHandler(self._file_handler)
+        self._file_handler.close()
+
+
+def _cell(value: object) -> object:
+    if isinstance(value, float) and value != value:
+        return ""  # NaN: no episode ended in this update
+    return value

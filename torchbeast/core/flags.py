@@ -1,0 +1,246 @@
+"""The one flag parser, shared by every entry point.
+
+Flag names and defaults follow the original TorchBeast ``monobeast.py`` so that its
+command lines work as written; flags added since are marked "new" in their help.
+Entry points call :func:`make_parser`, may add flags of their own, then call
+:func:`parse_flags`, which refuses impossible values with one clear message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+
+MODES = ("train", "test", "test_render")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def unit_float(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.ArgumentParser:
+    """Returns the parser with every flag common to the runtimes."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    add = parser.add_argument
+
+    # Run.
+    add("--env", type=str, default="PongNoFrameskip-v4", help="Gymnasium environment id.")
+    add("--mode", default="train", choices=MODES, help="Training or test mode.")
+    add("--xpid", default=None, help="Experiment id (default: torchbeast-%%Y%%m%%d-%%H%%M%%S).")
+    add("--seed", type=nonnegative_int, default=None, help="(new) Seed for envs and the model.")
+
+    # Training settings.
+    add("--disable_checkpoint", action="store_true", help="Disable saving checkpoint.")
+    add(
+        "--savedir",
+        default="~/logs/torchbeast",
+        help="Root dir where experiment data will be saved.",
+    )
+    add("--num_actors", default=4, type=positive_int, metavar="N", help="Number of actors.")
+    add(
+        "--envs_per_actor",
+        default=1,
+        type=positive_int,
+        metavar="N",
+        help="(new) Environments each actor steps, with one batched forward pass for all.",
+    )
+    add(
+        "--total_steps",
+        default=100000,
+        type=positive_int,
+        metavar="T",
+        help="Total environment steps to train for.",
+    )
+    add("--batch_size", default=8, type=positive_int, metavar="B", help="Learner batch size.")
+    add("--unroll_length", default=80, type=positive_int, metavar="T", help="The unroll length.")
+    add(
+        "--num_buffers",
+        default=None,
+        type=positive_int,
+        metavar="N",
+        help="Number of shared-memory buffers "
+        "(default: max(2*num_actors*envs_per_actor, batch_size + num_actors*(envs_per_actor-1))).",
+    )
+    add(
+        "--num_learner_threads",
+        "--num_threads",
+        default=2,
+        type=positive_int,
+        metavar="N",
+        help="Number learner threads.",
+    )
+    add("--disable_cuda", action="store_true", help="Disable CUDA.")
+    add(
+        "--checkpoint_interval",
+        default=600.0,
+        type=positive_float,
+        metavar="S",
+        help="(new) Seconds between checkpoints while training.",
+    )
+
+    # Model.
+    add("--use_lstm", action="store_true", help="Use LSTM in agent model.")
+    add(
+        "--use_resnet",
+        action="store_true",
+        help="(new) Use the IMPALA deep ResNet torso instead of AtariNet.",
+    )
+    add(
+        "--hidden_size",
+        default=None,
+        type=positive_int,
+        metavar="H",
+        help="(new) Width of the torso's fully connected layers "
+        "(default: 512 AtariNet, 256 ResNet, 64 MLP).",
+    )
+    add(
+        "--num_layers",
+        default=None,
+        type=positive_int,
+        metavar="L",
+        help="(new) Fully connected layers in the torso (default: 1 for conv nets, 2 for MLP).",
+    )
+
+    # Test mode.
+    add(
+        "--num_episodes",
+        default=10,
+        type=positive_int,
+        metavar="N",
+        help="(new) Episodes to play in test mode.",
+    )
+
+    # Loss settings.
+    add("--entropy_cost", default=0.0006, type=nonnegative_float, help="Entropy cost/multiplier.")
+    add("--baseline_cost", default=0.5, type=nonnegative_float, help="Baseline cost/multiplier.")
+    add("--discounting", default=0.99, type=unit_float, help="Discounting factor.")
+    add(
+        "--reward_clipping",
+        default="abs_one",
+        choices=["abs_one", "none"],
+        help="Reward clipping.",
+    )
+
+    # Optimizer settings.
+    add("--learning_rate", default=0.00048, type=positive_float, metavar="LR", help="Learning rate.")
+    add("--alpha", default=0.99, type=unit_float, help="RMSProp smoothing constant.")
+    add("--momentum", default=0, type=nonnegative_float, help="RMSProp momentum.")
+    add("--epsilon", default=0.01, type=positive_float, help="RMSProp epsilon.")
+    add(
+        "--grad_norm_clipping",
+        default=40.0,
+        type=positive_float,
+        help="Global gradient norm clip.",
+    )
+    return parser
+
+
+def parse_flags(
+    argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None
+) -> argparse.Namespace:
+    """Parses and validates flags; impossible combinations exit with one clear message."""
+    parser = parser or make_parser()
+    flags = parser.parse_args(argv)
+    finish_flags(flags, parser)
+    return flags
+
+
+def min_num_buffers(flags: argparse.Namespace) -> int:
+    """Fewest buffers with which actors and learner can never wait on each other forever."""
+    return flags.batch_size + flags.num_actors * (flags.envs_per_actor - 1)
+
+
+def finish_flags(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fills derived defaults and refuses values no run could use."""
+    flags.savedir = os.path.expanduser(os.path.expandvars(flags.savedir))
+    if flags.xpid is None:
+        flags.xpid = "torchbeast-%s" % time.strftime("%Y%m%d-%H%M%S")
+    if not re.fullmatch(r"[A-Za-z0-9._=+-]+", flags.xpid) or flags.xpid in (".", ".."):
+        parser.error(
+            f"--xpid {flags.xpid!r} is not a plain folder name: "
+            "use letters, digits and . _ - = + only"
+        )
+    needed = min_num_buffers(flags)
+    if flags.num_buffers is None:
+        flags.num_buffers = max(2 * flags.num_actors * flags.envs_per_actor, needed)
+    elif flags.num_buffers < needed:
+        parser.error(
+            f"--num_buffers {flags.num_buffers} is too few for --batch_size {flags.batch_size} "
+            f"with {flags.num_actors} actors x {flags.envs_per_actor} envs: "
+            f"use --num_buffers {needed} or more"
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# The flag reference in README.md is generated from the parser, and a test keeps it so.
+
+README_BEGIN = "<!-- flags:begin (generated by `make docs`; do not edit by hand) -->"
+README_END = "<!-- flags:end -->"
+
+
+def markdown_reference(parser: argparse.ArgumentParser | None = None) -> str:
+    """A Markdown table of every flag, its default and its help text."""
+    parser = parser or make_parser()
+    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        names = " ".join(f"`{name}`" for name in action.option_strings)
+        if action.choices:
+            names += " {" + ",".join(str(c) for c in action.choices) + "}"
+        default = "" if action.default in (None, False) else f"`{action.default}`"
+        meaning = (action.help or "").replace("%%", "%").replace("|", "\\|")
+        rows.append(f"| {names} | {default} | {meaning} |")
+    return "\n".join(rows)
+
+
+def update_readme(path: str) -> None:
+    with open(path) as f:
+        text = f.read()
+    start, end = text.index(README_BEGIN), text.index(README_END)
+    block = f"{README_BEGIN}\n{markdown_reference()}\n"
+    with open(path, "w") as f:
+        f.write(text[:start] + block + text[end:])
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--update-readme"]:
+        update_readme(sys.argv[2])
+    else:
+        print(markdown_reference())

@@ -1,0 +1,152 @@
+"""The one learner step used by every runtime: V-trace losses, RMSprop, clipping, LR decay.
+
+A batch is a dict of time-major tensors ``[T+1, B, ...]`` laid out as actors write them:
+index t holds the frame seen at step t with the reward and done that led to it, and the
+action and behaviour logits the actor chose *at step t-1* (index 0 overlaps with the last
+step of the previous rollout). So ``batch[1:]`` lines up with ``learner_outputs[:-1]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import threading
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from torchbeast.core import losses, vtrace
+from torchbeast.core.models import CoreState
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient became NaN or infinite; the update was not applied."""
+
+
+def lr_lambda(flags: argparse.Namespace) -> Callable[[int], float]:
+    """Learning-rate factor falling linearly from 1 to 0 at ``total_steps``."""
+    steps_per_update = flags.unroll_length * flags.batch_size
+
+    def factor(update: int) -> float:
+        return 1.0 - min(update * steps_per_update, flags.total_steps) / flags.total_steps
+
+    return factor
+
+
+class Learner:
+    """Holds the model, optimizer and scheduler; ``learn`` applies one IMPALA update.
+
+    Thread-safe: several learner threads may call ``learn``; updates are serialised.
+    ``on_update(model)`` runs inside the lock after each update (e.g. to publish weights).
+    """
+
+    def __init__(
+        self,
+        flags: argparse.Namespace,
+        model: nn.Module,
+        on_update: Callable[[nn.Module], None] | None = None,
+    ):
+        self.flags = flags
+        self.model = model
+        self.optimizer = torch.optim.RMSprop(
+            model.parameters(),
+            lr=flags.learning_rate,
+            momentum=flags.momentum,
+            eps=flags.epsilon,
+            alpha=flags.alpha,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(flags))
+        self.on_update = on_update
+        self.lock = threading.Lock()
+        self.step = 0  # agent steps learned from
+        self.updates = 0
+
+    def learn(
+        self, batch: dict[str, torch.Tensor], initial_core_state: CoreState = ()
+    ) -> dict[str, float]:
+        """One update on ``batch`` ([T+1, B, ...] on the model's device); returns stats."""
+        flags = self.flags
+        with self.lock:
+            learner_outputs, _ = self.model(batch, initial_core_state)
+
+            # The last baseline bootstraps the value beyond the rollout.
+            bootstrap_value = learner_outputs["baseline"][-1]  # [B]
+            # Drop the overlap step of the batch and the bootstrap step of the outputs.
+            batch = {key: tensor[1:] for key, tensor in batch.items()}
+            learner_outputs = {key: tensor[:-1] for key, tensor in learner_outputs.items()}
+
+            rewards = losses.clip_rewards(batch["reward"], flags.reward_clipping)  # [T, B]
+            discounts = (~batch["done"]).float() * flags.discounting  # [T, B]
+
+            vtrace_returns = vtrace.from_logits(
+                behavior_policy_logits=batch["policy_logits"],
+                target_policy_logits=learner_outputs["policy_logits"],
+                actions=batch["action"],
+                discounts=discounts,
+                rewards=rewards,
+                values=learner_outputs["baseline"],
+                bootstrap_value=bootstrap_value,
+            )
+
+            pg_loss = losses.policy_gradient_loss(
+                learner_outputs["policy_logits"], batch["action"], vtrace_returns.pg_advantages
+            )
+            baseline_loss = flags.baseline_cost * losses.baseline_loss(
+                vtrace_returns.vs - learner_outputs["baseline"]
+            )
+            entropy_loss = flags.entropy_cost * losses.entropy_loss(
+                learner_outputs["policy_logits"]
+            )
+            total_loss = pg_loss + baseline_loss + entropy_loss
+
+            self.optimizer.zero_grad()
+            total_loss.backward()
+            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), flags.grad_norm_clipping)
+            total, norm = float(total_loss.detach()), float(grad_norm)
+            if not (math.isfinite(total) and math.isfinite(norm)):
+                self.optimizer.zero_grad()
+                raise NonFiniteLossError(
+                    f"loss became {total} (gradient norm {norm}) at step {self.step}; "
+                    "the update was not applied. Lower --learning_rate or check the "
+                    "environment's rewards"
+                )
+            self.optimizer.step()
+            self.scheduler.step()
+
+            T, B = batch["reward"].shape
+            self.step += T * B
+            self.updates += 1
+            if self.on_update is not None:
+                self.on_update(self.model)
+
+            episode_returns = batch["episode_return"][batch["episode_end"]]
+            return {
+                "step": self.step,
+                "total_loss": total,
+                "pg_loss": float(pg_loss),
+                "baseline_loss": float(baseline_loss),
+                "entropy_loss": float(entropy_loss),
+                "mean_episode_return": (
+                    float(episode_returns.mean()) if episode_returns.numel() else float("nan")
+                ),
+                "episodes": int(episode_returns.numel()),
+                "learning_rate": self.scheduler.get_last_lr()[0],
+                "grad_norm": norm,
+            }
+
+    def state_dict(self) -> dict:
+        return {
+            "model_state_dict": self.model.state_dict(),
+            "optimizer_state_dict": self.optimizer.state_dict(),
+            "scheduler_state_dict": self.scheduler.state_dict(),
+            "step": self.step,
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model_state_dict"])
+        self.optimizer.load_state_dict(state["optimizer_state_dict"])
+        self.scheduler.load_state_dict(state["scheduler_state_dict"])
+        self.step = int(state["step"])
+        self.updates = int(state.get("updates", 0))

@@ -1,0 +1,199 @@
+"""Agent networks: AtariNet (the original's), the IMPALA deep ResNet, and an MLP.
+
+Every model takes a dict of time-major inputs and a recurrent core state::
+
+    frame        [T, B, *obs_shape]   uint8 pixels or float features
+    reward       [T, B]               reward of the step that led to the frame
+    done         [T, B]               the frame starts a new episode
+    last_action  [T, B]               action that led to the frame
+
+and returns ``(dict(policy_logits [T, B, A], baseline [T, B], action [T, B]), core_state)``.
+The torso embeds the frame; the core sees the embedding, the clipped reward and the
+one-hot last action, optionally through an LSTM whose state is zeroed where an episode
+starts; the heads give the policy logits and the baseline. Actions are sampled in train
+mode and greedy (argmax) in eval mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CoreState = tuple[torch.Tensor, ...]
+
+
+def fully_connected(in_size: int, hidden_size: int, num_layers: int) -> nn.Sequential:
+    """``num_layers`` Linear+ReLU layers: in_size -> hidden_size -> ... -> hidden_size."""
+    layers: list[nn.Module] = []
+    for i in range(num_layers):
+        layers += [nn.Linear(in_size if i == 0 else hidden_size, hidden_size), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+class AtariTorso(nn.Module):
+    """Nature-DQN convolutions (32/64/64) then the fully connected layers."""
+
+    def __init__(self, observation_shape: Sequence[int], hidden_size: int, num_layers: int):
+        super().__init__()
+        channels = observation_shape[0]
+        self.convs = nn.Sequential(
+            nn.Conv2d(channels, 32, kernel_size=8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, kernel_size=4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, kernel_size=3, stride=1),
+            nn.ReLU(),
+        )
+        conv_size = self.convs(torch.zeros(1, *observation_shape)).numel()  # 3136 for 84x84
+        self.fc = fully_connected(conv_size, hidden_size, num_layers)
+        self.output_size = hidden_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.convs(x.contiguous(memory_format=torch.channels_last))
+        return self.fc(x.flatten(1))
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
+
+
+class ResNetTorso(nn.Module):
+    """IMPALA deep torso: per stage conv 3x3 -> max-pool 3/2 -> two residual blocks."""
+
+    def __init__(self, observation_shape: Sequence[int], hidden_size: int, num_layers: int):
+        super().__init__()
+        stages: list[nn.Module] = []
+        in_channels = observation_shape[0]
+        for channels in (16, 32, 32):
+            stages += [
+                nn.Conv2d(in_channels, channels, kernel_size=3, padding=1),
+                nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+                ResidualBlock(channels),
+                ResidualBlock(channels),
+            ]
+            in_channels = channels
+        self.stages = nn.Sequential(*stages, nn.ReLU())
+        conv_size = self.stages(torch.zeros(1, *observation_shape)).numel()  # 3872 for 84x84
+        self.fc = fully_connected(conv_size, hidden_size, num_layers)
+        self.output_size = hidden_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stages(x.contiguous(memory_format=torch.channels_last))
+        return self.fc(x.flatten(1))
+
+
+class MLPTorso(nn.Module):
+    """Flattened observation through fully connected layers (CartPole, MinAtar, ...)."""
+
+    def __init__(self, observation_shape: Sequence[int], hidden_size: int, num_layers: int):
+        super().__init__()
+        in_size = 1
+        for dim in observation_shape:
+            in_size *= dim
+        self.fc = fully_connected(in_size, hidden_size, num_layers)
+        self.output_size = hidden_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
+
+
+class Agent(nn.Module):
+    """Torso + core (optional LSTM) + policy and baseline heads."""
+
+    def __init__(self, torso: nn.Module, num_actions: int, use_lstm: bool, lstm_layers: int = 2):
+        super().__init__()
+        self.torso = torso
+        self.num_actions = num_actions
+        self.use_lstm = use_lstm
+        # The core sees the embedding, the clipped reward and the one-hot last action.
+        core_size = torso.output_size + num_actions + 1
+        self.core = nn.LSTM(core_size, core_size, lstm_layers) if use_lstm else None
+        self.policy = nn.Linear(core_size, num_actions)
+        self.baseline = nn.Linear(core_size, 1)
+
+    def initial_state(self, batch_size: int = 1) -> CoreState:
+        if self.core is None:
+            return ()
+        shape = (self.core.num_layers, batch_size, self.core.hidden_size)
+        return (torch.zeros(shape), torch.zeros(shape))
+
+    def forward(
+        self, inputs: dict[str, torch.Tensor], core_state: CoreState = ()
+    ) -> tuple[dict[str, torch.Tensor], CoreState]:
+        frame = inputs["frame"]  # [T, B, *obs_shape]
+        T, B = frame.shape[:2]
+        x = frame.flatten(0, 1)
+        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        features = self.torso(x)  # [T*B, H]
+
+        one_hot_last_action = F.one_hot(inputs["last_action"].flatten(0, 1), self.num_actions)
+        clipped_reward = torch.clamp(inputs["reward"], -1, 1).reshape(T * B, 1)
+        core_input = torch.cat([features, clipped_reward, one_hot_last_action.float()], dim=-1)
+
+        if self.core is None:
+            core_output = core_input
+        else:
+            core_input = core_input.view(T, B, -1)
+            outputs = []
+            not_done = (~inputs["done"]).float()  # [T, B]
+            for step_input, step_not_done in zip(core_input.unbind(), not_done.unbind()):
+                # Zero the state where a new episode starts.
+                mask = step_not_done.view(1, -1, 1)
+                core_state = tuple(mask * state for state in core_state)
+                output, core_state = self.core(step_input.unsqueeze(0), core_state)
+                outputs.append(output)
+            core_output = torch.cat(outputs).flatten(0, 1)
+
+        policy_logits = self.policy(core_output)  # [T*B, A]
+        baseline = self.baseline(core_output)  # [T*B, 1]
+        if self.training:
+            action = torch.multinomial(F.softmax(policy_logits, dim=1), num_samples=1)
+        else:
+            action = torch.argmax(policy_logits, dim=1)
+        return (
+            dict(
+                policy_logits=policy_logits.view(T, B, self.num_actions),
+                baseline=baseline.view(T, B),
+                action=action.view(T, B),
+            ),
+            core_state,
+        )
+
+
+def model_config(flags: argparse.Namespace, observation_shape: Sequence[int]) -> dict:
+    """The architecture a run uses, resolved from flags; stored in checkpoints."""
+    pixels = len(observation_shape) == 3 and min(observation_shape[1:]) >= 36
+    kind = ("resnet" if flags.use_resnet else "atari") if pixels else "mlp"
+    default_hidden = {"atari": 512, "resnet": 256, "mlp": 64}[kind]
+    default_layers = 2 if kind == "mlp" else 1
+    return dict(
+        kind=kind,
+        hidden_size=flags.hidden_size or default_hidden,
+        num_layers=flags.num_layers or default_layers,
+        use_lstm=bool(flags.use_lstm),
+    )
+
+
+TORSOS = {"atari": AtariTorso, "resnet": ResNetTorso, "mlp": MLPTorso}
+
+
+def create_model(config: dict, observation_shape: Sequence[int], num_actions: int) -> Agent:
+    torso = TORSOS[config["kind"]](observation_shape, config["hidden_size"], config["num_layers"])
+    model = Agent(torso, num_actions, use_lstm=config["use_lstm"])
+    if config["kind"] != "mlp":
+        model = model.to(memory_format=torch.channels_last)  # faster convolutions on CPU
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

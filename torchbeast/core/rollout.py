@@ -1,0 +1,81 @@
+"""The rollout spec: what one actor's unroll holds, shared by every runtime.
+
+A rollout is ``unroll_length + 1`` steps: index 0 repeats the last step of the previous
+rollout (so the learner can bootstrap and line up actions), indices 1..T are new.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What the learner needs to know about an environment."""
+
+    env_id: str
+    observation_shape: tuple[int, ...]
+    observation_dtype: np.dtype
+    num_actions: int
+
+
+NUMPY_TO_TORCH = {
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "float32": torch.float32,
+    "float64": torch.float32,  # stored as float32: the model computes in float32
+    "bool": torch.bool,
+}
+
+
+def torch_dtype(env_spec: EnvSpec) -> torch.dtype:
+    name = env_spec.observation_dtype.name
+    if name not in NUMPY_TO_TORCH:
+        raise ValueError(f"{env_spec.env_id}: observation dtype {name} is not supported")
+    return NUMPY_TO_TORCH[name]
+
+
+def rollout_spec(env_spec: EnvSpec, unroll_length: int) -> dict[str, tuple[tuple, torch.dtype]]:
+    """Name -> (shape, dtype) of each tensor in one rollout, [T+1, ...]."""
+    T1 = unroll_length + 1
+    return dict(
+        frame=((T1, *env_spec.observation_shape), torch_dtype(env_spec)),
+        reward=((T1,), torch.float32),
+        done=((T1,), torch.bool),
+        episode_return=((T1,), torch.float32),
+        episode_step=((T1,), torch.int32),
+        episode_end=((T1,), torch.bool),
+        last_action=((T1,), torch.int64),
+        policy_logits=((T1, env_spec.num_actions), torch.float32),
+        baseline=((T1,), torch.float32),
+        action=((T1,), torch.int64),
+    )
+
+
+def allocate(
+    env_spec: EnvSpec, unroll_length: int, num_rollouts: int, shared: bool = False
+) -> dict[str, torch.Tensor]:
+    """Zeroed storage for ``num_rollouts`` rollouts: name -> [N, T+1, ...]."""
+    buffers = {}
+    for name, (shape, dtype) in rollout_spec(env_spec, unroll_length).items():
+        tensor = torch.zeros((num_rollouts, *shape), dtype=dtype)
+        buffers[name] = tensor.share_memory_() if shared else tensor
+    return buffers
+
+
+ENV_KEYS = (
+    "frame",
+    "reward",
+    "done",
+    "episode_return",
+    "episode_step",
+    "episode_end",
+    "last_action",
+)
+AGENT_KEYS = ("policy_logits", "baseline", "action")

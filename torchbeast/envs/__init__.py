@@ -1,0 +1,210 @@
+"""Environments: ``create_env(flags)`` for any Gymnasium id, stepped N at a time.
+
+Atari ids (``*NoFrameskip-v4``, ``ALE/*-v5``) run on ale-py's ``AtariVectorEnv`` (C++,
+threaded) with the DeepMind preprocessing TorchBeast used: up to 30 no-ops on reset,
+action repeat 4 with a max over the last two frames, fire on reset, 84x84 grayscale, a
+stack of 4 (uint8 [4, 84, 84]), and episodic life: a lost life ends the episode for the
+learner (done) while the game goes on. Episode returns are the unclipped game score of
+the whole game. Other ids (CartPole-v1, MinAtar/Breakout-v1, ...) run on Gymnasium's
+``SyncVectorEnv``.
+
+Every step returns numpy arrays with a leading [N] dimension, TorchBeast style: when an
+episode ends the env resets at once, so ``frame`` is the new episode's first frame while
+``reward``/``done`` describe the step that ended the old one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gymnasium as gym
+import numpy as np
+
+from torchbeast.core.rollout import EnvSpec
+
+ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
+LIST_IDS_HINT = "list valid ids with: python -m torchbeast.envs"
+
+
+class EnvError(ValueError):
+    """An environment id or space that torchbeast cannot run; the message says why."""
+
+
+def _register_optional_envs() -> None:
+    import ale_py
+
+    gym.register_envs(ale_py)
+    try:
+        import minatar.gym
+    except ImportError:
+        return
+    if "MinAtar/Breakout-v1" not in gym.registry:
+        minatar.gym.register_envs()
+
+
+def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    _register_optional_envs()
+    try:
+        return gym.spec(env_id)
+    except gym.error.Error as error:
+        hint = "install it with: pip install MinAtar; " if env_id.startswith("MinAtar/") else ""
+        raise EnvError(f"unknown environment id {env_id!r} ({error}); {hint}{LIST_IDS_HINT}")
+
+
+def is_atari(env_id: str) -> bool:
+    return gym_spec(env_id).entry_point == ATARI_ENTRY_POINT
+
+
+class BatchedEnv:
+    """N environments stepped together, with episode bookkeeping TorchBeast-style."""
+
+    def __init__(self, vector_env: gym.vector.VectorEnv, env_id: str, track_lives: bool):
+        self.env = vector_env
+        self.num_envs = vector_env.num_envs
+        space = vector_env.single_observation_space
+        action_space = vector_env.single_action_space
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise EnvError(
+                f"{env_id} has a {type(action_space).__name__} action space; "
+                "torchbeast supports Discrete action spaces only"
+            )
+        if not isinstance(space, gym.spaces.Box):
+            raise EnvError(
+                f"{env_id} has a {type(space).__name__} observation space; "
+                "torchbeast supports Box observations only"
+            )
+        self.spec = EnvSpec(env_id, tuple(space.shape), np.dtype(space.dtype), int(action_space.n))
+        self.track_lives = track_lives
+        n = self.num_envs
+        self.episode_return = np.zeros(n, dtype=np.float32)
+        self.episode_step = np.zeros(n, dtype=np.int32)
+        self.lives = np.zeros(n, dtype=np.int64)
+
+    def reset(self, seed: int | None = None) -> dict[str, np.ndarray]:
+        frame, info = self.env.reset(seed=seed)
+        n = self.num_envs
+        self.episode_return[:] = 0
+        self.episode_step[:] = 0
+        if self.track_lives:
+            self.lives[:] = info["lives"]
+        return dict(
+            frame=frame,
+            reward=np.zeros(n, dtype=np.float32),
+            done=np.ones(n, dtype=bool),
+            episode_return=np.zeros(n, dtype=np.float32),
+            episode_step=np.zeros(n, dtype=np.int32),
+            episode_end=np.zeros(n, dtype=bool),
+            last_action=np.zeros(n, dtype=np.int64),
+        )
+
+    def step(self, actions: np.ndarray) -> dict[str, np.ndarray]:
+        frame, reward, terminated, truncated, info = self.env.step(actions)
+        reward = reward.astype(np.float32, copy=False)
+        game_over = np.logical_or(terminated, truncated)
+        done = game_over
+        if self.track_lives:
+            lives = info["lives"]
+            # Episodic life: a lost life is an episode end for the learner only.
+            done = game_over | (lives < self.lives)
+            self.lives[:] = lives
+        self.episode_return += reward
+        self.episode_step += 1
+        output = dict(
+            frame=frame,
+            reward=reward,
+            done=done,
+            episode_return=self.episode_return.copy(),
+            episode_step=self.episode_step.copy(),
+            episode_end=game_over,
+            last_action=np.asarray(actions, dtype=np.int64),
+        )
+        self.episode_return[game_over] = 0
+        self.episode_step[game_over] = 0
+        return output
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _atari_vector_env(env_id: str, num_envs: int, num_threads: int) -> gym.vector.VectorEnv:
+    from ale_py.vector_env import AtariVectorEnv
+
+    kwargs = gym_spec(env_id).kwargs
+    return AtariVectorEnv(
+        kwargs["game"],
+        num_envs,
+        num_threads=num_threads,
+        repeat_action_probability=kwargs.get("repeat_action_probability", 0.0),
+        full_action_space=kwargs.get("full_action_space", False),
+        max_num_frames_per_episode=kwargs.get("max_num_frames_per_episode", 108000),
+        autoreset_mode="SameStep",
+        noop_max=30,
+        frameskip=4,
+        maxpool=True,
+        img_height=84,
+        img_width=84,
+        grayscale=True,
+        stack_num=4,
+        episodic_life=False,  # ale-py resets the whole game on a life loss; we track lives
+        reward_clipping=False,  # the learner clips; returns are reported unclipped
+        use_fire_reset=True,
+    )
+
+
+class FireOnReset(gym.Wrapper):
+    """Presses FIRE after reset, for games that wait for it."""
+
+    def reset(self, **kwargs):
+        observation, info = self.env.reset(**kwargs)
+        if "FIRE" in self.env.unwrapped.get_action_meanings():
+            observation, _, terminated, truncated, info = self.env.step(1)
+            if terminated or truncated:
+                observation, info = self.env.reset(**kwargs)
+        return observation, info
+
+
+def make_single_atari(env_id: str, render_mode: str | None = None) -> gym.Env:
+    """The same preprocessing from Gymnasium's wrappers, for rendering one game."""
+    env = gym.make(env_id, frameskip=1, render_mode=render_mode)
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
+    env = FireOnReset(env)
+    return gym.wrappers.FrameStackObservation(env, 4)
+
+
+def create_env(
+    flags: argparse.Namespace | str,
+    num_envs: int = 1,
+    seed: int | None = None,
+    num_threads: int = 1,
+    render: bool = False,
+) -> BatchedEnv:
+    """Creates ``num_envs`` copies of ``flags.env`` (or of the id given) as one BatchedEnv.
+
+    ``num_threads`` is the number of C++ threads stepping Atari games (ignored otherwise).
+    Call ``reset(seed)`` on the result before stepping it.
+    """
+    env_id = flags if isinstance(flags, str) else flags.env
+    spec = gym_spec(env_id)
+    atari = spec.entry_point == ATARI_ENTRY_POINT
+    autoreset = gym.vector.AutoresetMode.SAME_STEP
+    if atari and not render:
+        vector_env = _atari_vector_env(env_id, num_envs, num_threads)
+    elif atari:
+        vector_env = gym.vector.SyncVectorEnv(
+            [lambda: make_single_atari(env_id, "human")] * num_envs, autoreset_mode=autoreset
+        )
+    else:
+        render_mode = "human" if render else None
+        vector_env = gym.vector.SyncVectorEnv(
+            [lambda: gym.make(env_id, render_mode=render_mode)] * num_envs,
+            autoreset_mode=autoreset,
+        )
+    return BatchedEnv(vector_env, env_id, track_lives=atari)
+
+
+def env_spec(flags: argparse.Namespace | str) -> EnvSpec:
+    """Observation shape/dtype and number of actions, from one throwaway env."""
+    env = create_env(flags, num_envs=1)
+    try:
+        return env.spec
+    finally:
+        env.close()

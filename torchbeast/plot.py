@@ -1,0 +1,278 @@
+"""Plot learning curves from the ``logs.csv`` files that training runs write.
+
+Usage::
+
+    python -m torchbeast.plot --xpid pong_1 [--xpid pong_2 ...] [--savedir DIR]
+    python -m torchbeast.plot path/to/run_dir_or_logs.csv ... [--out curves.png]
+
+The figure has two panels sharing the x axis (agent steps): mean episode return
+on top, steps per second (SPS) below. Each run is one line, labelled by its
+folder name (the xpid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+DEFAULT_SAVEDIR = "~/logs/torchbeast"
+DEFAULT_SMOOTH = 10
+LOGS_NAME = "logs.csv"
+FIGSIZE = (8.0, 6.0)  # inches
+DPI = 100
+
+
+class PlotError(Exception):
+    """A problem the user can fix; its message is printed as one line."""
+
+
+@dataclass
+class Run:
+    """One run to plot: its label (the xpid), its folder and its logs file."""
+
+    label: str
+    folder: Path
+    logs_path: Path
+
+
+def _to_float(cell: str) -> float:
+    cell = cell.strip()
+    return float(cell) if cell else math.nan
+
+
+def read_logs(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Read a torchbeast ``logs.csv`` (or the run folder holding it).
+
+    Returns one float array per column, all of the same length (one entry per
+    data row). Empty cells are NaN. Every ``# `` line is a header whose field
+    names apply to the rows after it, as a resumed run appends a new header;
+    columns a row's header lacks are NaN for that row.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / LOGS_NAME
+    rows: list[dict[str, float]] = []
+    columns: dict[str, None] = {}  # ordered set of every field name seen
+    fields: list[str] | None = None
+    with path.open(newline="") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            if line.startswith("#"):
+                fields = [name.strip() for name in line[1:].strip().split(",")]
+                columns.update(dict.fromkeys(fields))
+                continue
+            if fields is None:
+                raise ValueError(f"{path}:{lineno}: data row before any '# ' header line")
+            cells = next(csv.reader([line]))
+            if len(cells) > len(fields):
+                raise ValueError(
+                    f"{path}:{lineno}: {len(cells)} cells but the header names {len(fields)}"
+                )
+            # A short row (e.g. cut off by a crash) leaves its last columns NaN.
+            pairs = zip(fields, cells, strict=False)
+            try:
+                rows.append({name: _to_float(cell) for name, cell in pairs})
+            except ValueError as e:
+                raise ValueError(f"{path}:{lineno}: {e}") from None
+    return {
+        name: np.array([row.get(name, math.nan) for row in rows], dtype=np.float64)
+        for name in columns
+    }
+
+
+def smooth(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing rolling mean over ``window`` points (fewer at the start)."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    values = np.asarray(values, dtype=np.float64)
+    if window == 1 or values.size == 0:
+        return values.copy()
+    sums = np.cumsum(values)
+    sums[window:] = sums[window:] - sums[:-window]
+    counts = np.minimum(np.arange(1, values.size + 1), window)
+    return sums / counts
+
+
+def return_curve(logs: dict[str, np.ndarray], window: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Steps and mean episode return, NaN rows dropped, then smoothed over ``window``."""
+    steps = logs["step"]
+    returns = logs.get("mean_episode_return", np.full_like(steps, math.nan))
+    keep = np.isfinite(steps) & np.isfinite(returns)
+    return steps[keep], smooth(returns[keep], window)
+
+
+def sps_curve(logs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Steps and steps per second.
+
+    Uses the ``sps`` column where it has a value; otherwise SPS is computed from
+    consecutive differences of ``step`` and ``_time``. Points without a value
+    are dropped.
+    """
+    steps = logs["step"]
+    computed = np.full_like(steps, math.nan)
+    if "_time" in logs and steps.size > 1:
+        d_step = np.diff(steps)
+        d_time = np.diff(logs["_time"])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            computed[1:] = np.where(d_time > 0, d_step / d_time, math.nan)
+    sps = logs["sps"] if "sps" in logs else computed
+    sps = np.where(np.isfinite(sps), sps, computed)
+    keep = np.isfinite(steps) & np.isfinite(sps)
+    return steps[keep], sps[keep]
+
+
+def plot_runs(runs: dict[str, dict[str, np.ndarray]], out: Path, window: int) -> None:
+    """Draw the two-panel figure for ``runs`` (label -> logs) into the PNG ``out``."""
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    ax_return, ax_sps = fig.subplots(2, 1, sharex=True)
+    for i, (label, logs) in enumerate(runs.items()):
+        color = f"C{i % 10}"
+        ax_return.plot(*return_curve(logs, window), color=color, label=label)
+        ax_sps.plot(*sps_curve(logs), color=color, label=label)
+    smoothing = f" (mean of last {window})" if window > 1 else ""
+    ax_return.set_ylabel(f"mean episode return{smoothing}")
+    ax_sps.set_ylabel("steps per second")
+    ax_sps.set_xlabel("steps")
+    for ax in (ax_return, ax_sps):
+        ax.grid(alpha=0.3)
+    ax_return.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out, format="png")
+
+
+def _resolve_runs(paths: list[str], xpids: list[str], savedir: str) -> list[Run]:
+    """Turn positional paths and ``--xpid`` names into run folders."""
+    runs = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if not path.exists():
+            raise PlotError(f"{path} does not exist: pass a run's folder or its {LOGS_NAME}")
+        if path.is_file():
+            runs.append(Run(path.parent.resolve().name, path.parent, path))
+        else:
+            runs.append(Run(path.resolve().name, path, path / LOGS_NAME))
+    for xpid in xpids:
+        folder = Path(savedir).expanduser() / xpid
+        if not folder.is_dir():
+            raise PlotError(
+                f"no run folder {folder}: check --xpid and --savedir "
+                f"(default {DEFAULT_SAVEDIR}), or pass the run's folder as a path"
+            )
+        runs.append(Run(xpid, folder, folder / LOGS_NAME))
+    return runs
+
+
+def _load(run: Run) -> dict[str, np.ndarray]:
+    """Read a run's logs, turning user-fixable problems into PlotError."""
+    if not run.logs_path.is_file():
+        raise PlotError(
+            f"no {LOGS_NAME} in {run.folder}: train first with "
+            f"python -m torchbeast.monobeast --xpid {run.label}, or pass the run's folder"
+        )
+    try:
+        logs = read_logs(run.logs_path)
+    except UnicodeDecodeError:
+        raise PlotError(
+            f"{run.logs_path} is not a text file: pass a torchbeast {LOGS_NAME}"
+        ) from None
+    except ValueError as e:
+        raise PlotError(f"cannot read {e}: fix or remove that line") from None
+    except OSError as e:
+        raise PlotError(f"cannot read {run.logs_path}: {e.strerror or e}") from None
+    if "step" not in logs:
+        raise PlotError(f"{run.logs_path} has no 'step' column: pass a torchbeast {LOGS_NAME}")
+    if logs["step"].size == 0:
+        raise PlotError(
+            f"{run.logs_path} has no rows yet: wait for the first learner update, "
+            "or check that training is running"
+        )
+    return logs
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m torchbeast.plot",
+        description="Plot mean episode return and SPS against steps for one or more runs.",
+    )
+    parser.add_argument(
+        "paths", nargs="*", metavar="PATH", help=f"a run's folder or its {LOGS_NAME}"
+    )
+    parser.add_argument(
+        "--xpid",
+        action="append",
+        default=[],
+        help="experiment id of a run under --savedir; repeat for several runs",
+    )
+    parser.add_argument(
+        "--savedir",
+        default=DEFAULT_SAVEDIR,
+        help="root folder of the runs named by --xpid (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        help="PNG to write (default: curve.png in the run's folder for one run, "
+        "./learning_curves.png for several)",
+    )
+    parser.add_argument(
+        "--smooth",
+        type=int,
+        default=DEFAULT_SMOOTH,
+        metavar="N",
+        help="plot the return as a rolling mean over the last N finite points; "
+        "1 plots raw values (default: %(default)s)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit code."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, or a usage error argparse already reported
+        return e.code if isinstance(e.code, int) else 0
+    try:
+        if not args.paths and not args.xpid:
+            raise PlotError("no run given: pass --xpid XPID or a run's folder")
+        if args.smooth < 1:
+            raise PlotError(f"--smooth must be at least 1, got {args.smooth}")
+        runs = _resolve_runs(args.paths, args.xpid, args.savedir)
+        logs = {run.label: _load(run) for run in runs}
+        if args.out is not None:
+            out = Path(args.out).expanduser()
+        elif len(runs) == 1:
+            out = runs[0].folder / "curve.png"
+        else:
+            out = Path("learning_curves.png")
+        if out.suffix.lower() != ".png":
+            raise PlotError(f"--out {out} must end in .png: the figure is written as a PNG")
+        for label, run_logs in logs.items():
+            if not np.isfinite(run_logs.get("mean_episode_return", np.array([]))).any():
+                print(f"note: {label} has no finished episodes yet", file=sys.stderr)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            plot_runs(logs, out, args.smooth)
+        except OSError as e:
+            raise PlotError(
+                f"cannot write {out}: {e.strerror or e}; pass --out with a writable path"
+            ) from None
+    except PlotError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

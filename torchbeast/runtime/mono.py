@@ -1,0 +1,617 @@
+"""MonoBeast: actors are local processes; rollouts move through shared memory.
+
+    actor process i                       learner process
+    ---------------                       ---------------
+    E envs, CPU model copy      pipe      ActorPool (dispatcher thread)
+    recv E free buffer slots  <-------    hands out free slots, takes full ones
+    step E envs T times,                  full queue -> learner threads: stack B
+      one batched forward per step          rollouts to [T+1, B, ...], learn,
+      writing into shared buffers           publish weights (versioned), free slots
+    send the slots back       ------->
+    reload weights if newer   <-- shared memory (seqlock)
+
+Each actor talks to the learner only through its own pipe, so an actor that is killed
+takes no lock with it: the dispatcher sees the pipe close, takes back the slots the actor
+held, and starts a new one. A learner that dies closes the pipes and the actors exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import logging
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import queue
+import signal
+import threading
+import time
+import traceback
+
+import numpy as np
+import torch
+from torch import nn
+
+from torchbeast import envs
+from torchbeast.core import checkpoint, rollout
+from torchbeast.core.filewriter import FileWriter, setup_console_logging
+from torchbeast.core.learner import Learner, NonFiniteLossError
+from torchbeast.core.models import count_parameters, create_model, model_config
+
+log = logging.getLogger("torchbeast")
+
+PROGRESS_INTERVAL_S = 5.0
+ACTOR_STOP_TIMEOUT_S = 5.0
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on; the message names the cause."""
+
+
+# --------------------------------------------------------------------------- weights
+
+
+class SharedWeights:
+    """Model parameters in shared memory, published with a version (a seqlock).
+
+    The version is odd while the learner writes. A reader copies, then checks that the
+    version did not move; if it did, it copies again. No lock is shared with actors, so
+    an actor killed mid-copy cannot block the learner.
+    """
+
+    def __init__(self, model: nn.Module):
+        numel = sum(p.numel() for p in model.parameters())
+        self.flat = torch.zeros(numel).share_memory_()
+        self.version = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    def _views(self, model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        views, offset = [], 0
+        for param in model.parameters():
+            views.append((param, self.flat[offset : offset + param.numel()].view(param.shape)))
+            offset += param.numel()
+        return views
+
+    def publish(self, model: nn.Module) -> None:
+        self.version += 1
+        with torch.no_grad():
+            for param, shared in self._views(model):
+                shared.copy_(param)
+        self.version += 1
+
+    def read_into(self, model: nn.Module, known_version: int) -> int:
+        """Copies newer weights into ``model``; returns the version it now holds."""
+        while True:
+            before = int(self.version)
+            if before == known_version:
+                return known_version
+            if before % 2:
+                time.sleep(0.0005)
+                continue
+            with torch.no_grad():
+                for param, shared in self._views(model):
+                    param.copy_(shared)
+            if int(self.version) == before:
+                return before
+
+
+# --------------------------------------------------------------------------- actor
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when the learner dies (belt and braces)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def actor_process(
+    actor_index: int,
+    incarnation: int,
+    flags: argparse.Namespace,
+    env_spec: rollout.EnvSpec,
+    config: dict,
+    buffers: dict[str, torch.Tensor],
+    initial_core_states: tuple[torch.Tensor, ...],
+    weights: SharedWeights,
+    timings: torch.Tensor,
+    conn: mp.connection.Connection,
+) -> None:
+    """Steps ``envs_per_actor`` envs and fills the buffer slots the learner hands out."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when actors stop
+    _die_with_parent()
+    torch.set_num_threads(1)
+    try:
+        run_actor(
+            actor_index,
+            incarnation,
+            flags,
+            env_spec,
+            config,
+            buffers,
+            initial_core_states,
+            weights,
+            timings,
+            conn,
+        )
+    except (EOFError, BrokenPipeError):
+        pass  # the learner went away: nothing left to do
+    except Exception:
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except (OSError, EOFError):
+            pass
+        raise SystemExit(1) from None
+
+
+def run_actor(
+    actor_index: int,
+    incarnation: int,
+    flags: argparse.Namespace,
+    env_spec: rollout.EnvSpec,
+    config: dict,
+    buffers: dict[str, torch.Tensor],
+    initial_core_states: tuple[torch.Tensor, ...],
+    weights: SharedWeights,
+    timings: torch.Tensor,
+    conn: mp.connection.Connection,
+) -> None:
+    num_envs = flags.envs_per_actor
+    seed = None
+    if flags.seed is not None:
+        seed = flags.seed * 100_003 + (incarnation * flags.num_actors + actor_index) * num_envs
+        torch.manual_seed(seed)
+    env = envs.create_env(flags, num_envs=num_envs, num_threads=1)
+    model = create_model(config, env_spec.observation_shape, env_spec.num_actions)
+    model.train()  # sample actions
+    version = weights.read_into(model, -1)
+
+    env_output = {k: torch.from_numpy(v) for k, v in env.reset(seed=seed).items()}
+    agent_output = {
+        "policy_logits": torch.zeros(num_envs, env_spec.num_actions),
+        "baseline": torch.zeros(num_envs),
+        "action": torch.zeros(num_envs, dtype=torch.int64),
+    }
+    core_state = model.initial_state(num_envs)
+    env_time = inference_time = 0.0
+    conn.send(("ready", []))
+
+    while True:
+        slots = conn.recv()
+        if slots is None:
+            break
+        index = torch.tensor(slots)
+        # Step 0 repeats the last step of the previous rollout.
+        for key in rollout.ENV_KEYS:
+            buffers[key][index, 0] = env_output[key]
+        for key in rollout.AGENT_KEYS:
+            buffers[key][index, 0] = agent_output[key]
+        for stored, state in zip(initial_core_states, core_state):
+            stored[index] = state.transpose(0, 1)  # [E, layers, H]
+
+        for t in range(1, flags.unroll_length + 1):
+            start = time.perf_counter()
+            with torch.inference_mode():
+                inputs = {k: v.unsqueeze(0) for k, v in env_output.items()}  # [1, E, ...]
+                outputs, core_state = model(inputs, core_state)
+            agent_output = {k: v[0] for k, v in outputs.items()}  # [E, ...]
+            middle = time.perf_counter()
+            step = env.step(agent_output["action"].numpy())
+            env_output = {k: torch.from_numpy(v) for k, v in step.items()}
+            env_time += time.perf_counter() - middle
+            inference_time += middle - start
+            for key in rollout.ENV_KEYS:
+                buffers[key][index, t] = env_output[key]
+            for key in rollout.AGENT_KEYS:
+                buffers[key][index, t] = agent_output[key]
+
+        timings[actor_index] += torch.tensor(
+            [env_time, inference_time, flags.unroll_length * num_envs], dtype=torch.float64
+        )
+        env_time = inference_time = 0.0
+        conn.send(("full", slots))
+        version = weights.read_into(model, version)
+    env.close()
+
+
+# --------------------------------------------------------------------------- actor pool
+
+
+class ActorPool:
+    """Starts actor processes, hands them free buffer slots, collects full ones.
+
+    One dispatcher thread watches every actor's pipe; an actor that dies is replaced
+    and the slots it held go back to the free pool.
+    """
+
+    def __init__(
+        self,
+        flags: argparse.Namespace,
+        env_spec: rollout.EnvSpec,
+        config: dict,
+        weights: SharedWeights,
+    ):
+        self.flags = flags
+        self.env_spec = env_spec
+        self.config = config
+        self.weights = weights
+        self.context = mp.get_context("spawn")
+        self.buffers = rollout.allocate(env_spec, flags.unroll_length, flags.num_buffers, True)
+        state = create_model(config, env_spec.observation_shape, 1).initial_state(1)
+        # Core state at the start of each rollout: [num_buffers, layers, H] per tensor.
+        self.initial_core_states = tuple(
+            torch.zeros(flags.num_buffers, *s.shape[::2]).share_memory_() for s in state
+        )
+        # Per actor: seconds in env steps, seconds in inference, agent steps.
+        self.timings = torch.zeros(flags.num_actors, 3, dtype=torch.float64).share_memory_()
+
+        self.free_slots: collections.deque[int] = collections.deque(range(flags.num_buffers))
+        self.full_slots: queue.Queue[int] = queue.Queue()
+        self.lock = threading.Lock()
+        self.waiting: collections.deque[int] = collections.deque()  # actors needing slots
+        self.held: dict[int, list[int]] = {}
+        self.processes: dict[int, mp.process.BaseProcess] = {}
+        self.conns: dict[int, mp.connection.Connection] = {}
+        self.incarnations = [0] * flags.num_actors
+        self.restarts = 0
+        self.error: str | None = None
+        self.stopping = threading.Event()
+        self.batch_lock = threading.Lock()
+        self.dispatcher = threading.Thread(target=self._dispatch, name="dispatcher", daemon=True)
+
+    # Lifecycle.
+
+    def start(self) -> None:
+        for actor_index in range(self.flags.num_actors):
+            self._start_actor(actor_index)
+        self.dispatcher.start()
+
+    def _start_actor(self, actor_index: int) -> None:
+        parent_conn, child_conn = self.context.Pipe()
+        process = self.context.Process(
+            target=actor_process,
+            name=f"actor-{actor_index}",
+            args=(
+                actor_index,
+                self.incarnations[actor_index],
+                self.flags,
+                self.env_spec,
+                self.config,
+                self.buffers,
+                self.initial_core_states,
+                self.weights,
+                self.timings,
+                child_conn,
+            ),
+            daemon=True,
+        )
+        process.start()
+        child_conn.close()  # so the parent sees EOF when the actor dies
+        with self.lock:
+            self.processes[actor_index] = process
+            self.conns[actor_index] = parent_conn
+            self.held[actor_index] = []
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.dispatcher.is_alive():
+            self.dispatcher.join(timeout=ACTOR_STOP_TIMEOUT_S)
+        with self.lock:
+            for conn in self.conns.values():
+                try:
+                    conn.send(None)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + ACTOR_STOP_TIMEOUT_S
+        for process in self.processes.values():
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for process in self.processes.values():
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=ACTOR_STOP_TIMEOUT_S)
+        for conn in self.conns.values():
+            conn.close()
+
+    def pids(self) -> list[int]:
+        with self.lock:
+            return [p.pid for p in self.processes.values() if p.pid is not None]
+
+    # Dispatcher thread.
+
+    def _dispatch(self) -> None:
+        while not self.stopping.is_set():
+            with self.lock:
+                by_conn = {conn: index for index, conn in self.conns.items()}
+            for conn in mp.connection.wait(list(by_conn), timeout=0.1):
+                self._handle(by_conn[conn], conn)
+
+    def _handle(self, actor_index: int, conn: mp.connection.Connection) -> None:
+        try:
+            kind, payload = conn.recv()
+        except (EOFError, OSError):
+            self._replace_dead_actor(actor_index)
+            return
+        if kind == "error":
+            self.error = f"actor {actor_index} failed:\n{payload}"
+            self.stopping.set()
+            return
+        with self.lock:
+            if kind == "full":
+                self.held[actor_index] = []
+                for slot in payload:
+                    self.full_slots.put(slot)
+            self.waiting.append(actor_index)
+            self._serve_waiting()
+
+    def _replace_dead_actor(self, actor_index: int) -> None:
+        process = self.processes[actor_index]
+        process.join(timeout=ACTOR_STOP_TIMEOUT_S)
+        if self.stopping.is_set():
+            return
+        with self.lock:
+            self.conns.pop(actor_index).close()
+            self.free_slots.extend(self.held.pop(actor_index, []))
+            if actor_index in self.waiting:
+                self.waiting.remove(actor_index)
+        self.incarnations[actor_index] += 1
+        self.restarts += 1
+        log.warning(
+            "Actor %d died (exit code %s); starting a new one, training goes on.",
+            actor_index,
+            process.exitcode,
+        )
+        self._start_actor(actor_index)
+        with self.lock:
+            self._serve_waiting()
+
+    def _serve_waiting(self) -> None:
+        """Hands free slots to waiting actors, all of an actor's slots at once (lock held)."""
+        needed = self.flags.envs_per_actor
+        while self.waiting and len(self.free_slots) >= needed:
+            actor_index = self.waiting.popleft()
+            slots = [self.free_slots.popleft() for _ in range(needed)]
+            self.held[actor_index] = slots
+            try:
+                self.conns[actor_index].send(slots)
+            except OSError:
+                pass  # it died; the dispatcher reclaims its slots when it sees the pipe close
+
+    # Learner side.
+
+    def get_batch(
+        self, device: torch.device
+    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...], list[int]] | None:
+        """B full rollouts stacked to [T+1, B, ...] on ``device``; None when stopping."""
+        slots: list[int] = []
+        with self.batch_lock:
+            while len(slots) < self.flags.batch_size:
+                if self.stopping.is_set():
+                    self.release(slots)
+                    return None
+                try:
+                    slots.append(self.full_slots.get(timeout=0.1))
+                except queue.Empty:
+                    continue
+        index = torch.tensor(slots)
+        batch = {
+            key: buffer.index_select(0, index).transpose(0, 1).to(device, non_blocking=True)
+            for key, buffer in self.buffers.items()
+        }
+        # [layers, B, H] per state tensor.
+        core_state = tuple(
+            s.index_select(0, index).transpose(0, 1).contiguous().to(device)
+            for s in self.initial_core_states
+        )
+        self.release(slots)
+        return batch, core_state, slots
+
+    def release(self, slots: list[int]) -> None:
+        with self.lock:
+            self.free_slots.extend(slots)
+            self._serve_waiting()
+
+    def take_timings(self) -> np.ndarray:
+        """Summed (env seconds, inference seconds, steps) over actors since the last call."""
+        totals = self.timings.sum(0).numpy().copy()
+        self.timings.zero_()
+        return totals
+
+
+# --------------------------------------------------------------------------- training
+
+
+class Trainer:
+    """Wires learner, actors, logging and checkpoints together for one training run."""
+
+    def __init__(self, flags: argparse.Namespace):
+        self.flags = flags
+        self.env_spec = envs.env_spec(flags)
+        self.config = model_config(flags, self.env_spec.observation_shape)
+        use_cuda = torch.cuda.is_available() and not flags.disable_cuda
+        self.device = torch.device("cuda" if use_cuda else "cpu")
+        if flags.seed is not None:
+            torch.manual_seed(flags.seed)
+        model = create_model(self.config, self.env_spec.observation_shape, self.env_spec.num_actions)
+        self.weights = SharedWeights(model)
+        self.learner = Learner(flags, model.to(self.device), on_update=self.weights.publish)
+        self.checkpoint_path = os.path.join(flags.savedir, flags.xpid, "model.tar")
+        self.stop_requested = threading.Event()
+        self.failure: BaseException | None = None
+        self.stats_lock = threading.Lock()
+        self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
+        self.last_stats: dict = {}
+        self.learn_seconds = 0.0
+        self.learn_steps = 0
+
+    def resume_if_possible(self) -> None:
+        if not os.path.exists(self.checkpoint_path):
+            return
+        state = checkpoint.load(self.checkpoint_path, map_location=self.device)
+        checkpoint.check_compatible(state, self.flags.env, self.config, self.checkpoint_path)
+        self.learner.load_state_dict(state)
+        log.info("Resuming from %s at step %d.", self.checkpoint_path, self.learner.step)
+
+    def save_checkpoint(self) -> None:
+        if self.flags.disable_checkpoint:
+            return
+        with self.learner.lock:
+            state = self.learner.state_dict()
+            state.update(
+                flags=vars(self.flags).copy(), env=self.flags.env, model_config=self.config
+            )
+            log.info("Saving checkpoint to %s (step %d)", self.checkpoint_path, self.learner.step)
+            checkpoint.save(self.checkpoint_path, state)
+
+    def learner_thread(self, pool: ActorPool, writer: FileWriter) -> None:
+        try:
+            while self.learner.step < self.flags.total_steps and not self.stop_requested.is_set():
+                got = pool.get_batch(self.device)
+                if got is None:
+                    return
+                batch, core_state, _ = got
+                start = time.perf_counter()
+                stats = self.learner.learn(batch, core_state)
+                elapsed = time.perf_counter() - start
+                episode_returns = batch["episode_return"][1:][batch["episode_end"][1:]]
+                with self.stats_lock:
+                    self.learn_seconds += elapsed
+                    self.learn_steps += self.flags.unroll_length * self.flags.batch_size
+                    self.recent_returns.extend(episode_returns.tolist())
+                    self.last_stats = stats
+                    writer.log(stats)
+        except BaseException as error:  # surfaced by the main thread, not swallowed
+            self.failure = error
+            self.stop_requested.set()
+
+    def train(self) -> dict:
+        flags = self.flags
+        self.resume_if_possible()
+        writer = FileWriter(flags)
+        log.info(
+            "Training %s on %s: %s model, %d parameters, learner on %s.",
+            flags.xpid,
+            flags.env,
+            self.config["kind"],
+            count_parameters(self.learner.model),
+            self.device,
+        )
+        if self.learner.step >= flags.total_steps:
+            log.info("Already trained to %d steps (--total_steps %d).", self.learner.step, flags.total_steps)
+            writer.close()
+            return self.last_stats
+
+        self.weights.publish(self.learner.model)
+        pool = ActorPool(flags, self.env_spec, self.config, self.weights)
+        previous_handler = signal.signal(signal.SIGTERM, lambda *_: self.stop_requested.set())
+        threads: list[threading.Thread] = []
+        successful = False
+        try:
+            pool.start()
+            threads = [
+                threading.Thread(target=self.learner_thread, args=(pool, writer), name=f"learn-{i}")
+                for i in range(flags.num_learner_threads)
+            ]
+            for thread in threads:
+                thread.start()
+            self.monitor(pool, threads)
+            successful = self.failure is None and pool.error is None
+        except KeyboardInterrupt:
+            log.info("Interrupted: stopping.")
+        finally:
+            self.stop_requested.set()
+            pool.stop()
+            for thread in threads:
+                thread.join()
+            signal.signal(signal.SIGTERM, previous_handler)
+            if not isinstance(self.failure, KeyboardInterrupt):
+                self.save_checkpoint()
+            writer.close(successful)
+        if pool.error is not None:
+            raise TrainingError(pool.error)
+        if isinstance(self.failure, NonFiniteLossError):
+            raise TrainingError(
+                f"stopped: {self.failure}. The checkpoint keeps the last good weights."
+            )
+        if self.failure is not None:
+            raise self.failure
+        log.info("Learning finished after %d steps.", self.learner.step)
+        return self.last_stats
+
+    def monitor(self, pool: ActorPool, threads: list[threading.Thread]) -> None:
+        """Prints progress, checkpoints on time, and returns when training should end."""
+        last_checkpoint = time.monotonic()
+        last_time, last_step = time.monotonic(), self.learner.step
+        while any(t.is_alive() for t in threads) and not self.stop_requested.is_set():
+            if pool.error is not None:
+                return
+            time.sleep(min(PROGRESS_INTERVAL_S, 0.2))
+            now = time.monotonic()
+            if now - last_time >= PROGRESS_INTERVAL_S:
+                step = self.learner.step
+                sps = (step - last_step) / (now - last_time)
+                self.print_progress(step, sps)
+                last_time, last_step = now, step
+            if now - last_checkpoint >= self.flags.checkpoint_interval:
+                self.save_checkpoint()
+                last_checkpoint = now
+
+    def print_progress(self, step: int, sps: float) -> None:
+        with self.stats_lock:
+            stats = dict(self.last_stats)
+            returns = list(self.recent_returns)
+        mean_return = f"{np.mean(returns):.1f}" if returns else "n/a"
+        loss = stats.get("total_loss", float("nan"))
+        log.info(
+            "Steps %d @ %.1f SPS. Loss %.4g. Mean return (last %d episodes) %s.",
+            step,
+            sps,
+            loss,
+            len(returns),
+            mean_return,
+        )
+
+
+def train(flags: argparse.Namespace) -> dict:
+    setup_console_logging()
+    return Trainer(flags).train()
+
+
+# --------------------------------------------------------------------------- test
+
+
+def test(flags: argparse.Namespace, render: bool = False) -> list[float]:
+    """Plays ``num_episodes`` whole games greedily with the trained model."""
+    setup_console_logging()
+    path = os.path.join(flags.savedir, flags.xpid, "model.tar")
+    state = checkpoint.load(path)
+    env = envs.create_env(flags, num_envs=1, render=render)
+    spec = env.spec
+    config = model_config(flags, spec.observation_shape)
+    checkpoint.check_compatible(state, flags.env, config, path)
+    model = create_model(config, spec.observation_shape, spec.num_actions)
+    model.load_state_dict(state["model_state_dict"])
+    model.eval()  # greedy actions
+
+    returns: list[float] = []
+    env_output = {k: torch.from_numpy(v) for k, v in env.reset(seed=flags.seed).items()}
+    core_state = model.initial_state(1)
+    while len(returns) < flags.num_episodes:
+        with torch.inference_mode():
+            inputs = {k: v.unsqueeze(0) for k, v in env_output.items()}
+            outputs, core_state = model(inputs, core_state)
+        step = env.step(outputs["action"][0].numpy())
+        env_output = {k: torch.from_numpy(v) for k, v in step.items()}
+        if step["episode_end"][0]:
+            returns.append(float(step["episode_return"][0]))
+            log.info(
+                "Episode %d ended after %d steps. Return: %.1f",
+                len(returns),
+                step["episode_step"][0],
+                returns[-1],
+            )
+    env.close()
+    log.info("Average returns over %i episodes: %.1f", len(returns), np.mean(returns))
+    return returns
