@@ -1,7 +1,7 @@
 """MonoBeast: single-machine IMPALA with actor processes and shared memory.
 
-    python -m torchbeast.monobeast --env PongNoFrameskip-v4
-    python -m torchbeast.monobeast --env PongNoFrameskip-v4 --mode test --xpid example
+python -m torchbeast.monobeast --env PongNoFrameskip-v4
+python -m torchbeast.monobeast --env PongNoFrameskip-v4 --mode test --xpid example
 """
 
 from __future__ import annotations

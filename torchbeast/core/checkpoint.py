@@ -42,13 +42,15 @@ def load(path: str, map_location: str | torch.device = "cpu") -> dict:
 
 def check_compatible(state: dict, env_id: str, model_config: dict, path: str) -> None:
     """Refuses a checkpoint trained on another environment or with another model."""
-    saved_env = state.get("env")
+    if "env" not in state or "model_config" not in state:
+        raise CheckpointError(f"{path} is not a torchbeast checkpoint (no env or model config)")
+    saved_env = state["env"]
     if saved_env != env_id:
         raise CheckpointError(
             f"checkpoint {path} was trained on {saved_env}, not {env_id}: "
             f"pass --env {saved_env}, or another --xpid"
         )
-    saved_model = state.get("model_config")
+    saved_model = state["model_config"]
     if saved_model != model_config:
         differences = ", ".join(
             f"{key} {saved_model.get(key)} (given {model_config.get(key)})"

@@ -48,7 +48,9 @@ def git_commit() -> str | None:
 def setup_console_logging() -> None:
     if not log.handlers:
         handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("[%(levelname)s:%(process)d %(asctime)s] %(message)s"))
+        handler.setFormatter(
+            logging.Formatter("[%(levelname)s:%(process)d %(asctime)s] %(message)s")
+        )
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False

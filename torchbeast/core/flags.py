@@ -158,7 +158,9 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
     )
 
     # Optimizer settings.
-    add("--learning_rate", default=0.00048, type=positive_float, metavar="LR", help="Learning rate.")
+    add(
+        "--learning_rate", default=0.00048, type=positive_float, metavar="LR", help="Learning rate."
+    )
     add("--alpha", default=0.99, type=unit_float, help="RMSProp smoothing constant.")
     add("--momentum", default=0, type=nonnegative_float, help="RMSProp momentum.")
     add("--epsilon", default=0.01, type=positive_float, help="RMSProp epsilon.")
@@ -190,7 +192,7 @@ def finish_flags(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     """Fills derived defaults and refuses values no run could use."""
     flags.savedir = os.path.expanduser(os.path.expandvars(flags.savedir))
     if flags.xpid is None:
-        flags.xpid = "torchbeast-%s" % time.strftime("%Y%m%d-%H%M%S")
+        flags.xpid = "torchbeast-" + time.strftime("%Y%m%d-%H%M%S")
     if not re.fullmatch(r"[A-Za-z0-9._=+-]+", flags.xpid) or flags.xpid in (".", ".."):
         parser.error(
             f"--xpid {flags.xpid!r} is not a plain folder name: "

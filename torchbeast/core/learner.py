@@ -68,6 +68,13 @@ class Learner:
         """One update on ``batch`` ([T+1, B, ...] on the model's device); returns stats."""
         flags = self.flags
         with self.lock:
+            # A NaN input would make the model's action sampling fail before the loss check.
+            for key in ("frame", "reward"):
+                if batch[key].is_floating_point() and not torch.isfinite(batch[key]).all():
+                    raise NonFiniteLossError(
+                        f"the batch holds a non-finite {key} at step {self.step}; the update "
+                        "was not applied. Check the environment's observations and rewards"
+                    )
             learner_outputs, _ = self.model(batch, initial_core_state)
 
             # The last baseline bootstraps the value beyond the rollout.
@@ -121,15 +128,14 @@ class Learner:
                 self.on_update(self.model)
 
             episode_returns = batch["episode_return"][batch["episode_end"]]
+            mean_return = episode_returns.mean() if episode_returns.numel() else math.nan
             return {
                 "step": self.step,
                 "total_loss": total,
-                "pg_loss": float(pg_loss),
-                "baseline_loss": float(baseline_loss),
-                "entropy_loss": float(entropy_loss),
-                "mean_episode_return": (
-                    float(episode_returns.mean()) if episode_returns.numel() else float("nan")
-                ),
+                "mean_episode_return": float(mean_return),
+                "pg_loss": float(pg_loss.detach()),
+                "baseline_loss": float(baseline_loss.detach()),
+                "entropy_loss": float(entropy_loss.detach()),
                 "episodes": int(episode_returns.numel()),
                 "learning_rate": self.scheduler.get_last_lr()[0],
                 "grad_norm": norm,

@@ -146,7 +146,9 @@ class Agent(nn.Module):
             core_input = core_input.view(T, B, -1)
             outputs = []
             not_done = (~inputs["done"]).float()  # [T, B]
-            for step_input, step_not_done in zip(core_input.unbind(), not_done.unbind()):
+            for step_input, step_not_done in zip(
+                core_input.unbind(), not_done.unbind(), strict=True
+            ):
                 # Zero the state where a new episode starts.
                 mask = step_not_done.view(1, -1, 1)
                 core_state = tuple(mask * state for state in core_state)

@@ -16,6 +16,8 @@ episode ends the env resets at once, so ``frame`` is the new episode's first fra
 from __future__ import annotations
 
 import argparse
+import importlib
+
 import gymnasium as gym
 import numpy as np
 
@@ -42,12 +44,20 @@ def _register_optional_envs() -> None:
 
 
 def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The registered spec of ``env_id``; ``module:Id`` imports ``module`` first."""
     _register_optional_envs()
+    module, _, name = env_id.rpartition(":")
     try:
-        return gym.spec(env_id)
+        if module:
+            importlib.import_module(module)
+        return gym.spec(name)
+    except ImportError as error:
+        raise EnvError(f"cannot import {module!r} for environment {env_id!r} ({error})") from None
     except gym.error.Error as error:
         hint = "install it with: pip install MinAtar; " if env_id.startswith("MinAtar/") else ""
-        raise EnvError(f"unknown environment id {env_id!r} ({error}); {hint}{LIST_IDS_HINT}")
+        raise EnvError(
+            f"unknown environment id {env_id!r} ({error}); {hint}{LIST_IDS_HINT}"
+        ) from None
 
 
 def is_atari(env_id: str) -> bool:
@@ -193,10 +203,9 @@ def create_env(
             [lambda: make_single_atari(env_id, "human")] * num_envs, autoreset_mode=autoreset
         )
     else:
-        render_mode = "human" if render else None
+        make_kwargs = {"render_mode": "human"} if render else {}
         vector_env = gym.vector.SyncVectorEnv(
-            [lambda: gym.make(env_id, render_mode=render_mode)] * num_envs,
-            autoreset_mode=autoreset,
+            [lambda: gym.make(env_id, **make_kwargs)] * num_envs, autoreset_mode=autoreset
         )
     return BatchedEnv(vector_env, env_id, track_lives=atari)
 

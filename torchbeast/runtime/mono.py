@@ -176,7 +176,8 @@ def run_actor(
         "action": torch.zeros(num_envs, dtype=torch.int64),
     }
     core_state = model.initial_state(num_envs)
-    env_time = inference_time = 0.0
+    env_time = inference_time = 0.0  # CPU seconds, reported for the benchmark
+    cpu_mark = time.process_time()
     conn.send(("ready", []))
 
     while True:
@@ -189,29 +190,32 @@ def run_actor(
             buffers[key][index, 0] = env_output[key]
         for key in rollout.AGENT_KEYS:
             buffers[key][index, 0] = agent_output[key]
-        for stored, state in zip(initial_core_states, core_state):
+        for stored, state in zip(initial_core_states, core_state, strict=True):
             stored[index] = state.transpose(0, 1)  # [E, layers, H]
 
         for t in range(1, flags.unroll_length + 1):
-            start = time.perf_counter()
+            start = time.process_time()
             with torch.inference_mode():
                 inputs = {k: v.unsqueeze(0) for k, v in env_output.items()}  # [1, E, ...]
                 outputs, core_state = model(inputs, core_state)
             agent_output = {k: v[0] for k, v in outputs.items()}  # [E, ...]
-            middle = time.perf_counter()
+            middle = time.process_time()
             step = env.step(agent_output["action"].numpy())
             env_output = {k: torch.from_numpy(v) for k, v in step.items()}
-            env_time += time.perf_counter() - middle
+            env_time += time.process_time() - middle
             inference_time += middle - start
             for key in rollout.ENV_KEYS:
                 buffers[key][index, t] = env_output[key]
             for key in rollout.AGENT_KEYS:
                 buffers[key][index, t] = agent_output[key]
 
+        now = time.process_time()
         timings[actor_index] += torch.tensor(
-            [env_time, inference_time, flags.unroll_length * num_envs], dtype=torch.float64
+            [env_time, inference_time, now - cpu_mark, flags.unroll_length * num_envs],
+            dtype=torch.float64,
         )
         env_time = inference_time = 0.0
+        cpu_mark = now
         conn.send(("full", slots))
         version = weights.read_into(model, version)
     env.close()
@@ -245,8 +249,8 @@ class ActorPool:
         self.initial_core_states = tuple(
             torch.zeros(flags.num_buffers, *s.shape[::2]).share_memory_() for s in state
         )
-        # Per actor: seconds in env steps, seconds in inference, agent steps.
-        self.timings = torch.zeros(flags.num_actors, 3, dtype=torch.float64).share_memory_()
+        # Per actor, CPU seconds: in env steps, in inference, in all; and agent steps.
+        self.timings = torch.zeros(flags.num_actors, 4, dtype=torch.float64).share_memory_()
 
         self.free_slots: collections.deque[int] = collections.deque(range(flags.num_buffers))
         self.full_slots: queue.Queue[int] = queue.Queue()
@@ -335,7 +339,9 @@ class ActorPool:
             self._replace_dead_actor(actor_index)
             return
         if kind == "error":
-            self.error = f"actor {actor_index} failed:\n{payload}"
+            log.error("Actor %d failed:\n%s", actor_index, payload)
+            last_line = payload.strip().splitlines()[-1]
+            self.error = f"actor {actor_index} failed: {last_line} (traceback in out.log)"
             self.stopping.set()
             return
         with self.lock:
@@ -414,7 +420,7 @@ class ActorPool:
             self._serve_waiting()
 
     def take_timings(self) -> np.ndarray:
-        """Summed (env seconds, inference seconds, steps) over actors since the last call."""
+        """Summed (env, inference, all) CPU seconds and steps over actors since last call."""
         totals = self.timings.sum(0).numpy().copy()
         self.timings.zero_()
         return totals
@@ -434,7 +440,9 @@ class Trainer:
         self.device = torch.device("cuda" if use_cuda else "cpu")
         if flags.seed is not None:
             torch.manual_seed(flags.seed)
-        model = create_model(self.config, self.env_spec.observation_shape, self.env_spec.num_actions)
+        model = create_model(
+            self.config, self.env_spec.observation_shape, self.env_spec.num_actions
+        )
         self.weights = SharedWeights(model)
         self.learner = Learner(flags, model.to(self.device), on_update=self.weights.publish)
         self.checkpoint_path = os.path.join(flags.savedir, flags.xpid, "model.tar")
@@ -445,6 +453,7 @@ class Trainer:
         self.last_stats: dict = {}
         self.learn_seconds = 0.0
         self.learn_steps = 0
+        self.pool: ActorPool | None = None
 
     def resume_if_possible(self) -> None:
         if not os.path.exists(self.checkpoint_path):
@@ -472,11 +481,12 @@ class Trainer:
                 if got is None:
                     return
                 batch, core_state, _ = got
-                start = time.perf_counter()
-                stats = self.learner.learn(batch, core_state)
-                elapsed = time.perf_counter() - start
                 episode_returns = batch["episode_return"][1:][batch["episode_end"][1:]]
+                # Updates are serialised anyway; logging inside keeps logs.csv in step order.
                 with self.stats_lock:
+                    start = time.perf_counter()
+                    stats = self.learner.learn(batch, core_state)
+                    elapsed = time.perf_counter() - start
                     self.learn_seconds += elapsed
                     self.learn_steps += self.flags.unroll_length * self.flags.batch_size
                     self.recent_returns.extend(episode_returns.tolist())
@@ -499,12 +509,16 @@ class Trainer:
             self.device,
         )
         if self.learner.step >= flags.total_steps:
-            log.info("Already trained to %d steps (--total_steps %d).", self.learner.step, flags.total_steps)
+            log.info(
+                "Already trained to %d steps (--total_steps %d).",
+                self.learner.step,
+                flags.total_steps,
+            )
             writer.close()
             return self.last_stats
 
         self.weights.publish(self.learner.model)
-        pool = ActorPool(flags, self.env_spec, self.config, self.weights)
+        pool = self.pool = ActorPool(flags, self.env_spec, self.config, self.weights)
         previous_handler = signal.signal(signal.SIGTERM, lambda *_: self.stop_requested.set())
         threads: list[threading.Thread] = []
         successful = False
@@ -528,6 +542,8 @@ class Trainer:
             signal.signal(signal.SIGTERM, previous_handler)
             if not isinstance(self.failure, KeyboardInterrupt):
                 self.save_checkpoint()
+            if successful:
+                log.info("Learning finished after %d steps.", self.learner.step)
             writer.close(successful)
         if pool.error is not None:
             raise TrainingError(pool.error)
@@ -537,7 +553,6 @@ class Trainer:
             )
         if self.failure is not None:
             raise self.failure
-        log.info("Learning finished after %d steps.", self.learner.step)
         return self.last_stats
 
     def monitor(self, pool: ActorPool, threads: list[threading.Thread]) -> None:

@@ -1,0 +1,37 @@
+"""Small environments the integration tests need and Gymnasium does not ship.
+
+Importing this module registers them; name them as ``tests.envs_for_tests:Id``.
+"""
+
+import gymnasium as gym
+import numpy as np
+
+
+class OverflowRewardEnv(gym.Env):
+    """Episodes of 10 steps with reward 1 until global step ``overflow_after``; then 1e30.
+
+    Unclipped, such rewards overflow the squared float32 baseline loss to infinity.
+    """
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, overflow_after: int = 3000):
+        self.overflow_after = overflow_after
+        self.steps = 0
+        self.episode_steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode_steps = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        self.episode_steps += 1
+        reward = 1e30 if self.steps > self.overflow_after else 1.0
+        return np.zeros(3, np.float32), reward, self.episode_steps >= 10, False, {}
+
+
+if "OverflowReward-v0" not in gym.registry:
+    gym.register("OverflowReward-v0", entry_point=OverflowRewardEnv)

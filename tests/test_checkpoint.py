@@ -1,0 +1,153 @@
+"""Specification of checkpoints: round trip, clear errors, compatibility, atomic writes."""
+
+import os
+
+import pytest
+import torch
+
+from torchbeast.core import checkpoint
+from torchbeast.core.checkpoint import CheckpointError
+from torchbeast.core.flags import parse_flags
+from torchbeast.core.learner import Learner
+from torchbeast.core.models import create_model, model_config
+
+OBSERVATION_SHAPE = (4,)
+
+
+def training_state() -> dict:
+    """A checkpoint as a training run writes it: learner state, flags, env, model config."""
+    flags = parse_flags(["--xpid", "test", "--env", "CartPole-v1", "--use_lstm"])
+    config = model_config(flags, OBSERVATION_SHAPE)
+    torch.manual_seed(0)
+    learner = Learner(flags, create_model(config, OBSERVATION_SHAPE, 2))
+    return dict(learner.state_dict(), flags=vars(flags).copy(), env=flags.env, model_config=config)
+
+
+def assert_same_state(actual, expected):
+    assert actual.keys() == expected.keys()
+    for key in expected:
+        if isinstance(expected[key], torch.Tensor):
+            assert torch.equal(actual[key], expected[key]), key
+        elif isinstance(expected[key], dict):
+            assert_same_state(actual[key], expected[key])
+        else:
+            assert actual[key] == expected[key], key
+
+
+def test_save_then_load_gives_the_state_back(tmp_path):
+    path = str(tmp_path / "model.tar")
+    state = training_state()
+    checkpoint.save(path, state)
+    assert_same_state(checkpoint.load(path), state)
+
+
+def test_save_replaces_an_older_checkpoint(tmp_path):
+    path = str(tmp_path / "model.tar")
+    checkpoint.save(path, dict(step=1))
+    checkpoint.save(path, dict(step=2))
+    assert checkpoint.load(path) == dict(step=2)
+
+
+def test_loaded_state_restores_a_learner(tmp_path):
+    path = str(tmp_path / "model.tar")
+    state = training_state()
+    checkpoint.save(path, state)
+    flags = parse_flags(["--xpid", "test", "--env", "CartPole-v1", "--use_lstm"])
+    config = model_config(flags, OBSERVATION_SHAPE)
+    learner = Learner(flags, create_model(config, OBSERVATION_SHAPE, 2))
+    learner.load_state_dict(checkpoint.load(path))
+    assert_same_state(learner.state_dict()["model_state_dict"], state["model_state_dict"])
+
+
+def test_load_of_a_missing_path_names_it_and_the_fix(tmp_path):
+    path = str(tmp_path / "run" / "model.tar")
+    with pytest.raises(CheckpointError) as error:
+        checkpoint.load(path)
+    assert f"no checkpoint at {path}" in str(error.value)
+    assert "train first" in str(error.value)
+    assert "--xpid" in str(error.value)
+
+
+def test_load_of_a_file_that_is_not_a_checkpoint_says_it_is_damaged(tmp_path):
+    path = tmp_path / "model.tar"
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="damaged") as error:
+        checkpoint.load(str(path))
+    assert str(path) in str(error.value)
+
+
+def test_load_of_a_truncated_checkpoint_says_it_is_damaged(tmp_path):
+    path = tmp_path / "model.tar"
+    checkpoint.save(str(path), training_state())
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="damaged"):
+        checkpoint.load(str(path))
+
+
+def test_load_refuses_pickled_code(tmp_path):
+    # weights_only: a checkpoint from elsewhere cannot run code when loaded.
+    path = tmp_path / "model.tar"
+    torch.save(dict(step=1, payload=os.getcwd), str(path))
+    with pytest.raises(CheckpointError, match="damaged"):
+        checkpoint.load(str(path))
+
+
+# A checkpoint is only used for the env and model it was trained with.
+
+
+def test_check_compatible_accepts_the_same_env_and_model():
+    state = training_state()
+    checkpoint.check_compatible(state, "CartPole-v1", dict(state["model_config"]), "model.tar")
+
+
+def test_check_compatible_refuses_another_env():
+    state = training_state()
+    with pytest.raises(CheckpointError) as error:
+        checkpoint.check_compatible(state, "Acrobot-v1", state["model_config"], "run/model.tar")
+    assert str(error.value) == (
+        "checkpoint run/model.tar was trained on CartPole-v1, not Acrobot-v1: "
+        "pass --env CartPole-v1, or another --xpid"
+    )
+
+
+def test_check_compatible_refuses_another_model_naming_the_difference():
+    state = training_state()
+    given = dict(state["model_config"], use_lstm=False, hidden_size=32)
+    with pytest.raises(CheckpointError) as error:
+        checkpoint.check_compatible(state, "CartPole-v1", given, "run/model.tar")
+    message = str(error.value)
+    assert "hidden_size 64 (given 32), use_lstm True (given False)" in message
+    assert "--use_lstm" in message
+
+
+# Saving is atomic.
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("cannot pickle this")
+
+
+def test_failed_save_keeps_the_old_checkpoint_and_leaves_no_temp_file(tmp_path):
+    path = str(tmp_path / "model.tar")
+    old = training_state()
+    checkpoint.save(path, old)
+    broken = dict(training_state(), step=123, extra=Unpicklable())
+    with pytest.raises(RuntimeError, match="cannot pickle this"):
+        checkpoint.save(path, broken)
+    assert os.listdir(tmp_path) == ["model.tar"]
+    assert_same_state(checkpoint.load(path), old)
+
+
+def test_failed_first_save_leaves_no_file(tmp_path):
+    with pytest.raises(RuntimeError, match="cannot pickle this"):
+        checkpoint.save(str(tmp_path / "model.tar"), dict(extra=Unpicklable()))
+    assert os.listdir(tmp_path) == []
+
+
+def test_save_to_a_relative_path_writes_in_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    checkpoint.save("model.tar", dict(step=5))
+    assert os.listdir(tmp_path) == ["model.tar"]
+    assert checkpoint.load(str(tmp_path / "model.tar")) == dict(step=5)

@@ -1,0 +1,227 @@
+"""Specification of create_env: Atari preprocessing, episodic life, same-step autoreset
+and episode bookkeeping, on the real games (ale-py's ROMs), CartPole and MinAtar."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from torchbeast.core.rollout import EnvSpec
+from torchbeast.envs import EnvError, create_env, env_spec
+
+MAX_STEPS = 3000  # every episode played here ends well before this
+
+
+@pytest.fixture
+def make_env():
+    """create_env, closing every env the test made."""
+    envs = []
+
+    def make(env_id, num_envs=1):
+        env = create_env(env_id, num_envs=num_envs)
+        envs.append(env)
+        return env
+
+    yield make
+    for env in envs:
+        env.close()
+
+
+def random_actions(env, seed=0):
+    rng = np.random.default_rng(seed)
+    while True:
+        yield rng.integers(0, env.spec.num_actions, size=env.num_envs)
+
+
+# Atari: DeepMind preprocessing on ale-py's vector env.
+
+
+def test_pong_gives_stacked_84x84_uint8_frames_and_6_actions(make_env):
+    env = make_env("PongNoFrameskip-v4", num_envs=2)
+    frame = env.reset(seed=0)["frame"]
+    assert env.spec == EnvSpec("PongNoFrameskip-v4", (4, 84, 84), np.dtype(np.uint8), 6)
+    assert (frame.shape, frame.dtype) == ((2, 4, 84, 84), np.uint8)
+    frame = env.step(np.array([0, 1]))["frame"]
+    assert (frame.shape, frame.dtype) == ((2, 4, 84, 84), np.uint8)
+
+
+def test_ale_v5_pong_gives_the_same_frames_and_actions(make_env):
+    env = make_env("ALE/Pong-v5", num_envs=2)
+    env.reset(seed=0)
+    frame = env.step(np.array([2, 3]))["frame"]
+    assert env.spec == EnvSpec("ALE/Pong-v5", (4, 84, 84), np.dtype(np.uint8), 6)
+    assert (frame.shape, frame.dtype) == ((2, 4, 84, 84), np.uint8)
+
+
+def test_atari_frames_show_the_screen(make_env):
+    env = make_env("PongNoFrameskip-v4")
+    frame = env.reset(seed=0)["frame"]
+    # Pong's screen has a dark field and light walls: not a blank image.
+    assert frame.min() < 100 < frame.max()
+
+
+def test_reset_starts_an_episode_with_zero_reward(make_env):
+    env = make_env("PongNoFrameskip-v4", num_envs=2)
+    output = env.reset(seed=0)
+    assert output["done"].tolist() == [True, True]
+    assert output["reward"].tolist() == [0.0, 0.0]
+    assert output["episode_return"].tolist() == [0.0, 0.0]
+    assert output["episode_step"].tolist() == [0, 0]
+    assert output["episode_end"].tolist() == [False, False]
+
+
+def test_step_reports_the_actions_taken_as_last_action(make_env):
+    env = make_env("PongNoFrameskip-v4", num_envs=2)
+    env.reset(seed=0)
+    assert env.step(np.array([4, 5]))["last_action"].tolist() == [4, 5]
+
+
+def play_breakout_game(env):
+    """Plays one game of Breakout with random actions.
+
+    Returns every step's output, with the lives left after it and the sum of the game's
+    rewards up to it.
+    """
+    env.reset(seed=0)
+    game_reward = 0.0
+    outputs = []
+    for actions in itertools.islice(random_actions(env), MAX_STEPS):
+        output = env.step(actions)
+        game_reward += float(output["reward"][0])
+        outputs.append(dict(output, lives=env.lives.copy(), game_reward=game_reward))
+        if output["episode_end"][0]:
+            return outputs
+    raise AssertionError(f"a random game of Breakout did not end in {MAX_STEPS} steps")
+
+
+@pytest.fixture(scope="module")
+def breakout_game():
+    env = create_env("BreakoutNoFrameskip-v4")
+    try:
+        return play_breakout_game(env)
+    finally:
+        env.close()
+
+
+def test_breakout_lost_life_is_done_but_not_the_end_of_the_game(breakout_game):
+    life_losses = [out for out in breakout_game if out["done"][0] and not out["episode_end"][0]]
+    # Breakout starts with 5 lives: 4 are lost before the game-ending fifth.
+    assert [int(out["lives"][0]) for out in life_losses] == [4, 3, 2, 1]
+
+
+def test_breakout_game_goes_on_after_a_lost_life(breakout_game):
+    steps = [int(out["episode_step"][0]) for out in breakout_game]
+    # The episode counter never restarts within the game: the lost lives do not reset it.
+    assert steps == list(range(1, len(breakout_game) + 1))
+
+
+def test_breakout_episode_ends_only_when_the_game_is_over(breakout_game):
+    ends = [i for i, out in enumerate(breakout_game) if out["episode_end"][0]]
+    assert ends == [len(breakout_game) - 1]
+    assert breakout_game[-1]["done"][0]
+
+
+def test_breakout_episode_return_is_the_unclipped_score_of_the_whole_game(breakout_game):
+    last = breakout_game[-1]
+    assert last["episode_return"][0] == last["game_reward"] > 0
+
+
+def test_atari_rewards_are_the_game_score_unclipped(make_env):
+    env = make_env("SpaceInvadersNoFrameskip-v4")
+    env.reset(seed=0)
+    for actions in itertools.islice(random_actions(env), MAX_STEPS):
+        reward = float(env.step(actions)["reward"][0])
+        if reward:
+            break
+    # The aliens of the bottom row are worth 5 points; the learner, not the env, clips.
+    assert reward == 5.0
+
+
+def test_breakout_new_game_restores_the_lives(breakout_game):
+    assert int(breakout_game[-1]["lives"][0]) == 5
+
+
+# Other Gymnasium ids: SyncVectorEnv with same-step autoreset.
+
+
+def test_cartpole_gives_float32_vectors_and_2_actions(make_env):
+    env = make_env("CartPole-v1", num_envs=3)
+    frame = env.reset(seed=0)["frame"]
+    assert env.spec == EnvSpec("CartPole-v1", (4,), np.dtype(np.float32), 2)
+    assert (frame.shape, frame.dtype) == ((3, 4), np.float32)
+
+
+def play_until_first_episode_end(env):
+    env.reset(seed=0)
+    rewards = []
+    actions = random_actions(env)
+    for _ in range(MAX_STEPS):
+        output = env.step(next(actions))
+        rewards.append(float(output["reward"][0]))
+        if output["episode_end"][0]:
+            return output, rewards, env.step(next(actions))
+        assert not output["done"][0]
+    raise AssertionError(f"no episode ended in {MAX_STEPS} steps")
+
+
+def test_cartpole_step_that_ends_the_episode_reports_it(make_env):
+    end, rewards, _ = play_until_first_episode_end(make_env("CartPole-v1"))
+    assert end["done"][0] and end["episode_end"][0]
+    assert end["episode_return"][0] == sum(rewards) == len(rewards)
+    assert end["episode_step"][0] == len(rewards)
+
+
+def test_cartpole_resets_in_the_step_that_ends_the_episode(make_env):
+    end, _, _ = play_until_first_episode_end(make_env("CartPole-v1"))
+    # The frame returned with done is the next episode's first: CartPole starts within 0.05.
+    assert np.abs(end["frame"]).max() <= 0.05
+
+
+def test_cartpole_episode_return_restarts_after_the_end(make_env):
+    _, _, after = play_until_first_episode_end(make_env("CartPole-v1"))
+    assert not after["done"][0]
+    assert after["episode_return"][0] == 1.0
+    assert after["episode_step"][0] == 1
+
+
+def test_cartpole_reset_is_reproducible_with_a_seed(make_env):
+    first = make_env("CartPole-v1", num_envs=2).reset(seed=3)["frame"]
+    second = make_env("CartPole-v1", num_envs=2).reset(seed=3)["frame"]
+    np.testing.assert_array_equal(first, second)
+
+
+def test_minatar_breakout_gives_10x10x4_frames_and_3_actions(make_env):
+    pytest.importorskip("minatar")
+    env = make_env("MinAtar/Breakout-v1", num_envs=2)
+    env.reset(seed=0)
+    frame = env.step(np.array([0, 2]))["frame"]
+    assert env.spec.observation_shape == (10, 10, 4)
+    assert env.spec.num_actions == 3
+    assert frame.shape == (2, 10, 10, 4)
+
+
+def test_minatar_episode_return_is_the_sum_of_its_rewards(make_env):
+    pytest.importorskip("minatar")
+    end, rewards, _ = play_until_first_episode_end(make_env("MinAtar/Breakout-v1"))
+    assert end["episode_return"][0] == sum(rewards)
+    assert end["episode_step"][0] == len(rewards)
+
+
+def test_env_spec_describes_the_env_without_keeping_it():
+    assert env_spec("CartPole-v1") == EnvSpec("CartPole-v1", (4,), np.dtype(np.float32), 2)
+
+
+# Unknown ids.
+
+
+@pytest.mark.parametrize("env_id", ["NoSuchGame-v0", "PongNoFrameskip-v99"])
+def test_unknown_id_names_it_and_says_how_to_list_ids(env_id):
+    with pytest.raises(EnvError) as error:
+        create_env(env_id)
+    assert repr(env_id) in str(error.value)
+    assert "python -m torchbeast.envs" in str(error.value)
+
+
+def test_unknown_minatar_id_says_how_to_install_minatar():
+    with pytest.raises(EnvError, match="pip install MinAtar"):
+        create_env("MinAtar/NoSuchGame-v1")

@@ -1,0 +1,278 @@
+"""Specification of the flag parser: monobeast's flags and defaults, the new flags,
+refusal of impossible values, and the README flag table generated from the parser."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from torchbeast.core import flags
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def parse(*argv: str):
+    return flags.parse_flags(list(argv))
+
+
+def refusal(capsys, *argv: str) -> str:
+    """Parses argv expecting argparse's refusal; returns what it wrote on stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse(*argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+# The original monobeast flags keep their defaults.
+
+
+@pytest.mark.parametrize(
+    "name, default",
+    [
+        ("env", "PongNoFrameskip-v4"),
+        ("mode", "train"),
+        ("num_actors", 4),
+        ("total_steps", 100000),
+        ("batch_size", 8),
+        ("unroll_length", 80),
+        ("num_learner_threads", 2),
+        ("disable_cuda", False),
+        ("disable_checkpoint", False),
+        ("use_lstm", False),
+        ("entropy_cost", 0.0006),
+        ("baseline_cost", 0.5),
+        ("discounting", 0.99),
+        ("reward_clipping", "abs_one"),
+        ("learning_rate", 0.00048),
+        ("alpha", 0.99),
+        ("momentum", 0),
+        ("epsilon", 0.01),
+        ("grad_norm_clipping", 40),
+    ],
+)
+def test_original_flag_has_the_original_default(name, default):
+    assert getattr(parse(), name) == default
+
+
+def test_mode_accepts_train_test_and_test_render():
+    assert [parse("--mode", mode).mode for mode in ("train", "test", "test_render")] == [
+        "train",
+        "test",
+        "test_render",
+    ]
+
+
+def test_mode_refuses_another_value(capsys):
+    assert "--mode" in refusal(capsys, "--mode", "evaluate")
+
+
+def test_reward_clipping_accepts_none(capsys):
+    assert parse("--reward_clipping", "none").reward_clipping == "none"
+    assert "--reward_clipping" in refusal(capsys, "--reward_clipping", "abs_two")
+
+
+def test_default_xpid_is_torchbeast_and_a_timestamp():
+    assert re.fullmatch(r"torchbeast-\d{8}-\d{6}", parse().xpid)
+
+
+def test_default_savedir_is_logs_torchbeast_in_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert parse().savedir == os.path.join(str(tmp_path), "logs", "torchbeast")
+
+
+def test_savedir_expands_tilde(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert parse("--savedir", "~/runs").savedir == os.path.join(str(tmp_path), "runs")
+
+
+def test_savedir_expands_home_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert parse("--savedir", "$HOME/runs").savedir == os.path.join(str(tmp_path), "runs")
+
+
+def test_num_buffers_defaults_to_twice_the_actors():
+    assert parse("--num_actors", "6", "--batch_size", "8").num_buffers == 12
+
+
+def test_num_buffers_defaults_to_batch_size_when_that_is_larger():
+    assert parse("--num_actors", "3", "--batch_size", "8").num_buffers == 8
+
+
+def test_num_buffers_default_with_the_default_flags_is_eight():
+    assert parse().num_buffers == max(2 * 4, 8)
+
+
+def test_num_buffers_given_is_kept():
+    assert parse("--num_buffers", "60").num_buffers == 60
+
+
+def test_num_threads_is_an_alias_of_num_learner_threads():
+    assert parse("--num_threads", "4").num_learner_threads == 4
+    assert parse("--num_learner_threads", "3").num_learner_threads == 3
+
+
+@pytest.mark.parametrize("name", ["disable_cuda", "use_lstm", "use_resnet", "disable_checkpoint"])
+def test_switch_flag_sets_true(name):
+    assert getattr(parse(f"--{name}"), name) is True
+
+
+# The flags added since monobeast.
+
+
+@pytest.mark.parametrize(
+    "name, default",
+    [
+        ("seed", None),
+        ("num_episodes", 10),
+        ("use_resnet", False),
+        ("hidden_size", None),
+        ("num_layers", None),
+        ("envs_per_actor", 1),
+    ],
+)
+def test_new_flag_default(name, default):
+    assert getattr(parse(), name) == default
+
+
+def test_new_flags_parse_their_values():
+    parsed = parse(
+        "--seed",
+        "7",
+        "--num_episodes",
+        "3",
+        "--hidden_size",
+        "128",
+        "--num_layers",
+        "2",
+        "--envs_per_actor",
+        "2",
+    )
+    assert (
+        parsed.seed,
+        parsed.num_episodes,
+        parsed.hidden_size,
+        parsed.num_layers,
+        parsed.envs_per_actor,
+    ) == (7, 3, 128, 2, 2)
+
+
+def test_num_buffers_default_counts_every_env_of_every_actor():
+    parsed = parse("--num_actors", "4", "--envs_per_actor", "3", "--batch_size", "8")
+    assert parsed.num_buffers == 2 * 4 * 3
+
+
+# The original README command lines work as written.
+
+
+def test_original_readme_monobeast_command_line_parses():
+    parsed = parse(
+        *"--env PongNoFrameskip-v4 --num_actors 45 --total_steps 30000000 "
+        "--learning_rate 0.0004 --epsilon 0.01 --entropy_cost 0.01 --batch_size 4 "
+        "--unroll_length 80 --num_buffers 60 --num_threads 4 --xpid example".split()
+    )
+    assert vars(parsed) == vars(parse()) | {
+        "num_actors": 45,
+        "total_steps": 30000000,
+        "learning_rate": 0.0004,
+        "entropy_cost": 0.01,
+        "batch_size": 4,
+        "num_buffers": 60,
+        "num_learner_threads": 4,
+        "xpid": "example",
+    }
+
+
+def test_original_readme_test_mode_command_line_parses():
+    parsed = parse("--env", "PongNoFrameskip-v4", "--mode", "test", "--xpid", "example")
+    assert (parsed.mode, parsed.xpid) == ("test", "example")
+
+
+# Impossible values are refused with exit code 2 and a message naming the flag.
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--batch_size", "0"], "--batch_size"),
+        (["--num_actors", "-1"], "--num_actors"),
+        (["--unroll_length", "0"], "--unroll_length"),
+        (["--total_steps", "0"], "--total_steps"),
+        (["--num_threads", "0"], "--num_learner_threads"),
+        (["--envs_per_actor", "0"], "--envs_per_actor"),
+        (["--num_episodes", "0"], "--num_episodes"),
+        (["--hidden_size", "0"], "--hidden_size"),
+        (["--num_layers", "0"], "--num_layers"),
+        (["--seed", "-1"], "--seed"),
+        (["--discounting", "1.5"], "--discounting"),
+        (["--discounting", "-0.1"], "--discounting"),
+        (["--learning_rate", "0"], "--learning_rate"),
+        (["--epsilon", "0"], "--epsilon"),
+        (["--alpha", "2"], "--alpha"),
+        (["--entropy_cost", "-1"], "--entropy_cost"),
+        (["--entropy_cost", "nan"], "--entropy_cost"),
+        (["--grad_norm_clipping", "0"], "--grad_norm_clipping"),
+        (["--batch_size", "eight"], "--batch_size"),
+    ],
+)
+def test_impossible_value_is_refused_naming_the_flag(capsys, argv, named):
+    assert named in refusal(capsys, *argv)
+
+
+def test_too_few_buffers_for_the_batch_are_refused_with_the_fix(capsys):
+    message = refusal(capsys, "--num_buffers", "3", "--batch_size", "8")
+    assert "--num_buffers 3" in message
+    assert "use --num_buffers 8 or more" in message
+
+
+def test_buffers_equal_to_the_batch_size_are_enough():
+    assert parse("--num_buffers", "8", "--batch_size", "8").num_buffers == 8
+
+
+def test_too_few_buffers_for_several_envs_per_actor_are_refused(capsys):
+    # Each actor holds envs_per_actor - 1 buffers while it fills the last one.
+    message = refusal(
+        capsys, "--num_actors", "2", "--envs_per_actor", "3", "--batch_size", "8",
+        "--num_buffers", "11",
+    )  # fmt: skip
+    assert "use --num_buffers 12 or more" in message
+
+
+@pytest.mark.parametrize("xpid", ["runs/example", "../example", "..", "a b"])
+def test_xpid_that_is_not_a_plain_folder_name_is_refused(capsys, xpid):
+    assert "--xpid" in refusal(capsys, "--xpid", xpid)
+
+
+def test_xpid_with_dots_dashes_and_equals_is_accepted():
+    assert parse("--xpid", "pong-lr=4e-4.v2_b").xpid == "pong-lr=4e-4.v2_b"
+
+
+# The README flag table is generated from the parser.
+
+
+def test_markdown_reference_has_a_row_per_flag():
+    table = flags.markdown_reference()
+    assert "| `--num_learner_threads` `--num_threads` | `2` | Number learner threads. |" in table
+    assert "| `--mode` {train,test,test_render} | `train` | Training or test mode. |" in table
+    assert "| `--seed` |  | (new) Seed for envs and the model. |" in table
+
+
+def test_update_readme_replaces_only_the_flag_block(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\n{flags.README_BEGIN}\nold table\n{flags.README_END}\n\nEnd.\n")
+    flags.update_readme(str(readme))
+    assert readme.read_text() == (
+        f"# Title\n\n{flags.README_BEGIN}\n{flags.markdown_reference()}\n"
+        f"{flags.README_END}\n\nEnd.\n"
+    )
+
+
+def test_readme_flag_table_is_in_sync_with_the_parser():
+    assert README.exists(), f"{README} is missing"
+    text = README.read_text()
+    assert flags.README_BEGIN in text and flags.README_END in text, (
+        "README.md has no generated flag block: add the begin/end markers and run `make docs`"
+    )
+    start = text.index(flags.README_BEGIN) + len(flags.README_BEGIN) + len("\n")
+    block = text[start : text.index(flags.README_END)]
+    assert block == flags.markdown_reference() + "\n", "README.md is stale: run `make docs`"

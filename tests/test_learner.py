@@ -1,0 +1,265 @@
+"""Specification of the learner step: the IMPALA losses recomputed by hand, the update,
+the learning-rate decay, refusal of non-finite losses, episode stats and state_dict."""
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchbeast.core import losses, vtrace
+from torchbeast.core.flags import parse_flags
+from torchbeast.core.learner import Learner, NonFiniteLossError
+from torchbeast.core.models import create_model, model_config
+from torchbeast.core.rollout import EnvSpec, rollout_spec
+
+T, B, A = 5, 3, 2
+OBSERVATION_SHAPE = (4,)
+ENV_SPEC = EnvSpec("CartPole-v1", OBSERVATION_SHAPE, np.dtype(np.float32), A)
+
+
+def make_flags(*argv: str):
+    return parse_flags(
+        ["--xpid", "test", "--unroll_length", str(T), "--batch_size", str(B)]
+        + ["--total_steps", "1500", "--entropy_cost", "0.01", *argv]
+    )
+
+
+def make_model(flags, seed=0):
+    torch.manual_seed(seed)
+    return create_model(model_config(flags, OBSERVATION_SHAPE), OBSERVATION_SHAPE, A)
+
+
+def make_batch(seed=0) -> dict[str, torch.Tensor]:
+    """A random batch with every key of the rollout spec, [T+1, B, ...]."""
+    generator = torch.Generator().manual_seed(seed)
+    batch = {}
+    for name, (shape, dtype) in rollout_spec(ENV_SPEC, T).items():
+        shape = (shape[0], B, *shape[1:])
+        if dtype == torch.bool:
+            batch[name] = torch.rand(shape, generator=generator) < 0.2
+        elif name in ("action", "last_action"):
+            batch[name] = torch.randint(0, A, shape, generator=generator)
+        elif dtype == torch.int32:
+            batch[name] = torch.randint(0, 100, shape, generator=generator, dtype=dtype)
+        else:
+            batch[name] = torch.randn(shape, generator=generator, dtype=dtype)
+    batch["reward"] = 3.0 * batch["reward"]  # many rewards beyond [-1, 1]: clipping matters
+    return batch
+
+
+def expected_losses(flags, model, batch) -> dict[str, float]:
+    """The IMPALA losses, written out from the paper's formulas."""
+    with torch.no_grad():
+        outputs, _ = model(batch, ())
+    bootstrap_value = outputs["baseline"][-1]
+    logits, values = outputs["policy_logits"][:-1], outputs["baseline"][:-1]  # [T, B, A], [T, B]
+    actions = batch["action"][1:]
+    rewards = batch["reward"][1:]
+    if flags.reward_clipping == "abs_one":
+        rewards = rewards.clamp(-1, 1)
+    discounts = (1.0 - batch["done"][1:].float()) * flags.discounting
+    returns = vtrace.from_logits(
+        behavior_policy_logits=batch["policy_logits"][1:],
+        target_policy_logits=logits,
+        actions=actions,
+        discounts=discounts,
+        rewards=rewards,
+        values=values,
+        bootstrap_value=bootstrap_value,
+    )
+    log_pi = F.log_softmax(logits, dim=-1)
+    log_pi_action = log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # [T, B]
+    pg_loss = torch.sum(-log_pi_action * returns.pg_advantages)
+    baseline_loss = flags.baseline_cost * 0.5 * torch.sum((returns.vs - values) ** 2)
+    entropy_loss = flags.entropy_cost * torch.sum(log_pi.exp() * log_pi)
+    return dict(
+        pg_loss=float(pg_loss), baseline_loss=float(baseline_loss), entropy_loss=float(entropy_loss)
+    )
+
+
+def parameters(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+# The losses.
+
+
+@pytest.mark.parametrize("clipping", ["abs_one", "none"])
+def test_losses_are_the_impala_losses(clipping):
+    flags = make_flags("--reward_clipping", clipping)
+    model = make_model(flags)
+    batch = make_batch()
+    expected = expected_losses(flags, model, batch)
+    stats = Learner(flags, model).learn(batch)
+    for name, value in expected.items():
+        assert stats[name] == pytest.approx(value, rel=1e-5), name
+
+
+def test_reward_clipping_changes_the_baseline_loss():
+    batch = make_batch()
+    clipped = Learner(make_flags(), make_model(make_flags())).learn(batch)
+    unclipped_flags = make_flags("--reward_clipping", "none")
+    unclipped = Learner(unclipped_flags, make_model(unclipped_flags)).learn(batch)
+    assert clipped["baseline_loss"] != pytest.approx(unclipped["baseline_loss"], rel=1e-3)
+
+
+def test_total_loss_is_the_sum_of_the_three_losses():
+    flags = make_flags()
+    stats = Learner(flags, make_model(flags)).learn(make_batch())
+    assert stats["total_loss"] == pytest.approx(
+        stats["pg_loss"] + stats["baseline_loss"] + stats["entropy_loss"], rel=1e-6
+    )
+
+
+def test_entropy_loss_is_negative_entropy_times_its_cost():
+    logits = torch.tensor([[[0.0, 0.0]], [[math.log(3.0), 0.0]]])  # [T=2, B=1, A=2]
+    # Entropies: log 2 for (1/2, 1/2); 0.75 log(4/3) + 0.25 log 4 for (3/4, 1/4).
+    expected = -(math.log(2.0) + 0.75 * math.log(4 / 3) + 0.25 * math.log(4.0))
+    assert float(losses.entropy_loss(logits)) == pytest.approx(expected, rel=1e-6)
+
+
+def test_unknown_reward_clipping_is_refused():
+    with pytest.raises(ValueError, match="abs_one or none"):
+        losses.clip_rewards(torch.zeros(2), "abs_two")
+
+
+# The update.
+
+
+def test_learn_changes_the_parameters():
+    flags = make_flags()
+    learner = Learner(flags, make_model(flags))
+    before = parameters(learner.model)
+    learner.learn(make_batch())
+    changed = [
+        not torch.equal(old, new)
+        for old, new in zip(before, learner.model.parameters(), strict=True)
+    ]
+    assert all(changed)
+
+
+def test_learn_counts_the_steps_learned_from():
+    flags = make_flags()
+    learner = Learner(flags, make_model(flags))
+    learner.learn(make_batch(0))
+    stats = learner.learn(make_batch(1))
+    assert (stats["step"], learner.step, learner.updates) == (2 * T * B, 2 * T * B, 2)
+
+
+def test_learning_rate_decays_linearly_to_zero_at_total_steps():
+    flags = make_flags()  # total_steps 1500: 100 updates of T * B = 15 steps
+    learner = Learner(flags, make_model(flags))
+    rates = [learner.learn(make_batch(k))["learning_rate"] for k in range(3)]
+    lr0 = flags.learning_rate
+    assert rates == pytest.approx([lr0 * (1 - k * T * B / 1500) for k in (1, 2, 3)], rel=1e-9)
+    assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(lr0 * (1 - 45 / 1500))
+
+
+def test_gradient_norm_is_clipped_to_grad_norm_clipping():
+    flags = make_flags("--grad_norm_clipping", "0.001")
+    learner = Learner(flags, make_model(flags))
+    stats = learner.learn(make_batch())
+    applied = torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(p.grad) for p in learner.model.parameters()])
+    )
+    assert stats["grad_norm"] > 0.001  # the norm before clipping is reported
+    assert float(applied) == pytest.approx(0.001, rel=1e-4)
+
+
+# Non-finite losses are refused.
+
+
+@pytest.mark.parametrize("key", ["reward", "frame", "policy_logits"])
+def test_nan_in_the_batch_raises_and_leaves_the_parameters_unchanged(key):
+    flags = make_flags()
+    learner = Learner(flags, make_model(flags))
+    before = parameters(learner.model)
+    batch = make_batch()
+    batch[key][2, 1] = float("nan")
+    with pytest.raises(NonFiniteLossError, match="update was not applied"):
+        learner.learn(batch)
+    for old, new in zip(before, learner.model.parameters(), strict=True):
+        assert torch.equal(old, new)
+    assert (learner.step, learner.updates) == (0, 0)
+
+
+def test_after_a_refused_update_the_next_batch_learns_as_from_scratch():
+    flags = make_flags()
+    refused = Learner(flags, make_model(flags))
+    batch = make_batch()
+    batch["reward"][2, 1] = float("nan")
+    with pytest.raises(NonFiniteLossError):
+        refused.learn(batch)
+    fresh = Learner(flags, make_model(flags))
+    np.testing.assert_equal(refused.learn(make_batch(1)), fresh.learn(make_batch(1)))
+
+
+# Episode statistics.
+
+
+def test_mean_episode_return_averages_the_episodes_that_ended():
+    flags = make_flags()
+    batch = make_batch()
+    batch["episode_end"][:] = False
+    batch["episode_end"][2, 0] = batch["episode_end"][5, 2] = True
+    batch["episode_return"][2, 0], batch["episode_return"][5, 2] = 10.0, 21.0
+    stats = Learner(flags, make_model(flags)).learn(batch)
+    assert (stats["mean_episode_return"], stats["episodes"]) == (15.5, 2)
+
+
+def test_mean_episode_return_is_nan_when_no_episode_ended():
+    flags = make_flags()
+    batch = make_batch()
+    batch["episode_end"][:] = False
+    stats = Learner(flags, make_model(flags)).learn(batch)
+    assert math.isnan(stats["mean_episode_return"])
+    assert stats["episodes"] == 0
+
+
+def test_episode_ending_in_the_overlap_step_is_not_counted_again():
+    # Index 0 repeats the previous rollout's last step, which reported that episode.
+    flags = make_flags()
+    batch = make_batch()
+    batch["episode_end"][:] = False
+    batch["episode_end"][0, 0] = batch["episode_end"][3, 1] = True
+    batch["episode_return"][0, 0], batch["episode_return"][3, 1] = 99.0, 7.0
+    stats = Learner(flags, make_model(flags)).learn(batch)
+    assert (stats["mean_episode_return"], stats["episodes"]) == (7.0, 1)
+
+
+# State.
+
+
+def test_state_dict_round_trips_step_optimizer_and_scheduler():
+    flags = make_flags()
+    trained = Learner(flags, make_model(flags, seed=0))
+    for k in range(3):
+        trained.learn(make_batch(k))
+    resumed = Learner(flags, make_model(flags, seed=1))
+    resumed.load_state_dict(copy.deepcopy(trained.state_dict()))
+
+    assert (resumed.step, resumed.updates) == (3 * T * B, 3)
+    assert resumed.scheduler.state_dict() == trained.scheduler.state_dict()
+    assert resumed.optimizer.param_groups[0]["lr"] == trained.optimizer.param_groups[0]["lr"]
+    for old, new in zip(
+        trained.optimizer.state.values(), resumed.optimizer.state.values(), strict=True
+    ):
+        assert torch.equal(old["square_avg"], new["square_avg"])
+    # Resuming continues exactly where training left off.
+    np.testing.assert_equal(resumed.learn(make_batch(3)), trained.learn(make_batch(3)))
+    for old, new in zip(trained.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(old, new)
+
+
+def test_on_update_sees_the_updated_model():
+    flags = make_flags()
+    seen = []
+    learner = Learner(
+        flags, make_model(flags), on_update=lambda model: seen.append(parameters(model))
+    )
+    learner.learn(make_batch())
+    assert len(seen) == 1
+    assert all(torch.equal(a, b) for a, b in zip(seen[0], learner.model.parameters(), strict=True))

@@ -1,0 +1,295 @@
+"""MonoBeast end to end: real actor processes, real environments, real files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL_RUN = [
+    "--env",
+    "CartPole-v1",
+    "--num_actors",
+    "2",
+    "--envs_per_actor",
+    "4",
+    "--batch_size",
+    "4",
+    "--unroll_length",
+    "20",
+    "--disable_cuda",
+]
+
+
+def monobeast(tmp_path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torchbeast.monobeast", "--savedir", str(tmp_path), *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def start_monobeast(tmp_path, *args: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "torchbeast.monobeast", "--savedir", str(tmp_path), *args]
+    return subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def read_rows(path) -> list[dict[str, str]]:
+    with open(path) as f:
+        lines = f.read().splitlines()
+    rows, fields = [], None
+    for line in lines:
+        if line.startswith("# "):
+            fields = line[2:].split(",")
+        else:
+            rows.append(dict(zip(fields, next(csv.reader([line])), strict=True)))
+    return rows
+
+
+def children_of(pid: int) -> list[int]:
+    """Live child processes of ``pid``, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def actor_pids(pid: int) -> list[int]:
+    pids = []
+    for child in children_of(pid):
+        try:
+            with open(f"/proc/{child}/cmdline") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if "multiprocessing" in cmdline and "resource_tracker" not in cmdline:
+            pids.append(child)
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_for_rows(path, count: int, timeout: float = 60) -> None:
+    wait_for(lambda: os.path.exists(path) and len(read_rows(path)) >= count, timeout, "log rows")
+
+
+def test_training_writes_the_torchbeast_run_folder(tmp_path):
+    result = monobeast(tmp_path, *SMALL_RUN, "--total_steps", "4000", "--xpid", "run")
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "run"
+    assert os.readlink(tmp_path / "latest") == "run"
+    with open(run / "logs.csv") as f:
+        header = f.readline().strip()
+    assert header.startswith(
+        "# _tick,_time,step,total_loss,mean_episode_return,pg_loss,baseline_loss,entropy_loss"
+    )
+    rows = read_rows(run / "logs.csv")
+    assert int(rows[-1]["step"]) >= 4000
+    assert [int(r["step"]) for r in rows] == sorted(int(r["step"]) for r in rows)
+    assert (run / "fields.csv").read_text().strip() == header[2:]
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["flags"]["env"] == "CartPole-v1" and meta["successful"] is True
+    assert meta["date_end"] and meta["versions"]["torch"]
+    assert "env" not in meta and "PATH" not in json.dumps(meta)
+    assert "Learning finished" in (run / "out.log").read_text()
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(run))
+    state = torch.load(run / "model.tar", weights_only=True)
+    assert state["step"] == int(rows[-1]["step"])
+    assert {"model_state_dict", "optimizer_state_dict", "scheduler_state_dict", "flags"} <= set(
+        state
+    )
+
+
+def test_training_again_resumes_from_the_checkpoint(tmp_path):
+    first = monobeast(tmp_path, *SMALL_RUN, "--total_steps", "2000", "--xpid", "run")
+    assert first.returncode == 0, first.stderr
+    steps_before = torch.load(tmp_path / "run" / "model.tar", weights_only=True)["step"]
+
+    second = monobeast(tmp_path, *SMALL_RUN, "--total_steps", "5000", "--xpid", "run")
+    assert second.returncode == 0, second.stderr
+    assert f"at step {steps_before}" in second.stdout
+    rows = read_rows(tmp_path / "run" / "logs.csv")
+    steps = [int(r["step"]) for r in rows]
+    assert steps == sorted(steps) and steps[-1] >= 5000
+    # The first update after resuming continues the count instead of starting again.
+    assert steps_before + 80 in steps
+
+
+def test_test_mode_plays_whole_episodes_greedily(tmp_path):
+    trained = monobeast(tmp_path, *SMALL_RUN, "--total_steps", "2000", "--xpid", "run")
+    assert trained.returncode == 0, trained.stderr
+    result = monobeast(
+        tmp_path, "--env", "CartPole-v1", "--mode", "test", "--xpid", "run", "--num_episodes", "3"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("Episode ") == 3
+    assert "Average returns over 3 episodes" in result.stdout
+
+
+def test_test_mode_without_a_checkpoint_is_one_clear_error(tmp_path):
+    result = monobeast(tmp_path, "--env", "CartPole-v1", "--mode", "test", "--xpid", "missing")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no checkpoint at" in lines[0] and "missing" in lines[0]
+
+
+def test_test_mode_with_another_model_is_one_clear_error(tmp_path):
+    trained = monobeast(tmp_path, *SMALL_RUN, "--total_steps", "1000", "--xpid", "run")
+    assert trained.returncode == 0, trained.stderr
+    result = monobeast(
+        tmp_path, "--env", "CartPole-v1", "--mode", "test", "--xpid", "run", "--use_lstm"
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "use_lstm" in lines[0]
+
+
+def test_unknown_env_is_one_clear_error(tmp_path):
+    result = monobeast(tmp_path, "--env", "NoSuchGame-v9", "--xpid", "run")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "NoSuchGame-v9" in lines[0] and "python -m torchbeast.envs" in lines[0]
+
+
+def test_killed_actor_is_replaced_and_training_goes_on(tmp_path):
+    process = start_monobeast(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "run")
+    try:
+        logs = tmp_path / "run" / "logs.csv"
+        wait_for_rows(logs, 3)
+        victims = actor_pids(process.pid)
+        assert len(victims) == 2
+        os.kill(victims[0], signal.SIGKILL)
+        wait_for(
+            lambda: len(actor_pids(process.pid)) == 2 and victims[0] not in actor_pids(process.pid),
+            30,
+            "a new actor",
+        )
+        rows_after_kill = len(read_rows(logs))
+        wait_for_rows(logs, rows_after_kill + 20)
+        assert "died (exit code -9)" in (tmp_path / "run" / "out.log").read_text()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    assert process.returncode == 0
+
+
+def test_sigterm_saves_a_checkpoint_and_leaves_no_process(tmp_path):
+    process = start_monobeast(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "run")
+    logs = tmp_path / "run" / "logs.csv"
+    try:
+        wait_for_rows(logs, 3)
+        actors = actor_pids(process.pid)
+        assert actors
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    assert process.returncode == 0
+    state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)
+    assert state["step"] == int(read_rows(logs)[-1]["step"])
+    wait_for(lambda: not any(alive(pid) for pid in actors), 10, "actors to exit")
+
+
+def test_killed_learner_leaves_no_orphan_actor(tmp_path):
+    process = start_monobeast(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "run")
+    try:
+        wait_for_rows(tmp_path / "run" / "logs.csv", 3)
+        actors = actor_pids(process.pid)
+        assert actors
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+    wait_for(lambda: not any(alive(pid) for pid in actors), 20, "orphan actors to exit")
+
+
+def test_non_finite_loss_stops_training_and_keeps_good_weights(tmp_path):
+    result = monobeast(
+        tmp_path,
+        *SMALL_RUN,
+        "--env",
+        "tests.envs_for_tests:OverflowReward-v0",
+        "--reward_clipping",
+        "none",
+        "--total_steps",
+        "1000000",
+        "--xpid",
+        "run",
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "loss became inf" in lines[0]
+    state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)
+    assert state["step"] > 0
+    assert all(torch.isfinite(t).all() for t in state["model_state_dict"].values())
+
+
+@pytest.mark.slow
+def test_cartpole_reaches_400_within_500k_steps(tmp_path):
+    result = monobeast(
+        tmp_path,
+        "--env",
+        "CartPole-v1",
+        "--num_actors",
+        "2",
+        "--envs_per_actor",
+        "8",
+        "--batch_size",
+        "8",
+        "--unroll_length",
+        "20",
+        "--learning_rate",
+        "0.001",
+        "--entropy_cost",
+        "0.01",
+        "--total_steps",
+        "500000",
+        "--seed",
+        "1",
+        "--disable_cuda",
+        "--xpid",
+        "cartpole",
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = read_rows(tmp_path / "cartpole" / "logs.csv")
+    assert int(rows[-1]["step"]) <= 500_000 + 8 * 20
+    # Episode-weighted mean return over the last 100 or more episodes of training.
+    returns, episodes = [], 0
+    for row in reversed(rows):
+        if row["mean_episode_return"]:
+            returns.append((float(row["mean_episode_return"]), int(row["episodes"])))
+            episodes += int(row["episodes"])
+        if episodes >= 100:
+            break
+    mean_return = sum(r * n for r, n in returns) / episodes
+    assert mean_return >= 400, f"mean return {mean_return:.1f} over the last {episodes} episodes"
