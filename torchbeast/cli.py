@@ -6,12 +6,15 @@ import argparse
 import sys
 from collections.abc import Callable
 
+import gymnasium as gym
+
 from torchbeast.core.checkpoint import CheckpointError
 from torchbeast.core.flags import parse_flags
 from torchbeast.envs import EnvError
 from torchbeast.runtime.mono import TrainingError
 
-USER_ERRORS = (EnvError, CheckpointError, TrainingError)
+# gym's DependencyNotInstalled: e.g. --mode test_render of CartPole without pygame.
+USER_ERRORS = (EnvError, CheckpointError, TrainingError, gym.error.DependencyNotInstalled)
 
 
 def run(

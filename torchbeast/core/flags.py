@@ -226,7 +226,7 @@ def markdown_reference(parser: argparse.ArgumentParser | None = None) -> str:
         names = " ".join(f"`{name}`" for name in action.option_strings)
         if action.choices:
             names += " {" + ",".join(str(c) for c in action.choices) + "}"
-        default = "" if action.default in (None, False) else f"`{action.default}`"
+        default = "" if action.default is None or action.default is False else f"`{action.default}`"
         meaning = (action.help or "").replace("%%", "%").replace("|", "\\|")
         rows.append(f"| {names} | {default} | {meaning} |")
     return "\n".join(rows)
