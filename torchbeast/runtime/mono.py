@@ -577,13 +577,15 @@ class Trainer:
         with self.stats_lock:
             stats = dict(self.last_stats)
             returns = list(self.recent_returns)
+        if not stats:
+            log.info("Steps %d: waiting for the first batch from the actors.", step)
+            return
         mean_return = f"{np.mean(returns):.1f}" if returns else "n/a"
-        loss = stats.get("total_loss", float("nan"))
         log.info(
             "Steps %d @ %.1f SPS. Loss %.4g. Mean return (last %d episodes) %s.",
             step,
             sps,
-            loss,
+            stats["total_loss"],
             len(returns),
             mean_return,
         )
