@@ -293,3 +293,46 @@ def test_cartpole_reaches_400_within_500k_steps(tmp_path):
             break
     mean_return = sum(r * n for r, n in returns) / episodes
     assert mean_return >= 400, f"mean return {mean_return:.1f} over the last {episodes} episodes"
+
+
+@pytest.mark.parametrize(
+    "env, model_flags",
+    [
+        ("PongNoFrameskip-v4", ["--use_lstm"]),
+        ("PongNoFrameskip-v4", ["--use_resnet"]),
+        ("MinAtar/Breakout-v1", []),
+    ],
+)
+def test_trains_and_tests_briefly(tmp_path, env, model_flags):
+    short = ["--env", env, *model_flags, "--xpid", "run", "--disable_cuda"]
+    trained = monobeast(
+        tmp_path,
+        *short,
+        "--num_actors",
+        "2",
+        "--envs_per_actor",
+        "2",
+        "--batch_size",
+        "2",
+        "--unroll_length",
+        "20",
+        "--total_steps",
+        "200",
+    )
+    assert trained.returncode == 0, trained.stderr
+    rows = read_rows(tmp_path / "run" / "logs.csv")
+    assert int(rows[-1]["step"]) >= 200
+    assert all(float(row["total_loss"]) == float(row["total_loss"]) for row in rows)
+    if env.startswith("MinAtar"):  # Atari games are too long to play in a test
+        tested = monobeast(tmp_path, *short, "--mode", "test", "--num_episodes", "2")
+        assert tested.returncode == 0, tested.stderr
+        assert "Average returns over 2 episodes" in tested.stdout
+
+
+def test_test_mode_works_with_lstm(tmp_path):
+    lstm_run = [*SMALL_RUN, "--use_lstm", "--xpid", "run"]
+    trained = monobeast(tmp_path, *lstm_run, "--total_steps", "1000")
+    assert trained.returncode == 0, trained.stderr
+    tested = monobeast(tmp_path, *lstm_run, "--mode", "test", "--num_episodes", "2")
+    assert tested.returncode == 0, tested.stderr
+    assert "Average returns over 2 episodes" in tested.stdout

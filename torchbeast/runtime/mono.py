@@ -244,7 +244,9 @@ class ActorPool:
         self.weights = weights
         self.context = mp.get_context("spawn")
         self.buffers = rollout.allocate(env_spec, flags.unroll_length, flags.num_buffers, True)
-        state = create_model(config, env_spec.observation_shape, 1).initial_state(1)
+        state = create_model(
+            config, env_spec.observation_shape, env_spec.num_actions
+        ).initial_state(1)
         # Core state at the start of each rollout: [num_buffers, layers, H] per tensor.
         self.initial_core_states = tuple(
             torch.zeros(flags.num_buffers, *s.shape[::2]).share_memory_() for s in state
