@@ -3,6 +3,9 @@
 Importing this module registers them; name them as ``tests.envs_for_tests:Id``.
 """
 
+import os
+import signal
+
 import gymnasium as gym
 import numpy as np
 
@@ -35,3 +38,34 @@ class OverflowRewardEnv(gym.Env):
 
 if "OverflowReward-v0" not in gym.registry:
     gym.register("OverflowReward-v0", entry_point=OverflowRewardEnv)
+
+
+class Float64ObservationEnv(OverflowRewardEnv):
+    """Like OverflowRewardEnv without the overflow, with float64 observations."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float64)
+
+    def __init__(self):
+        super().__init__(overflow_after=10**12)
+
+    def reset(self, *, seed=None, options=None):
+        observation, info = super().reset(seed=seed)
+        return observation.astype(np.float64), info
+
+    def step(self, action):
+        observation, *rest = super().step(action)
+        return (observation.astype(np.float64), *rest)
+
+
+class SelfKillingEnv(OverflowRewardEnv):
+    """Kills its own process after 50 steps, as a crashing emulator would."""
+
+    def step(self, action):
+        if self.steps >= 50:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().step(action)
+
+
+if "Float64Observation-v0" not in gym.registry:
+    gym.register("Float64Observation-v0", entry_point=Float64ObservationEnv)
+    gym.register("SelfKilling-v0", entry_point=SelfKillingEnv)

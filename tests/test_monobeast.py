@@ -143,6 +143,10 @@ def test_training_again_resumes_from_the_checkpoint(tmp_path):
     assert steps == sorted(steps) and steps[-1] >= 5000
     # The first update after resuming continues the count instead of starting again.
     assert steps_before + 80 in steps
+    ticks = [int(r["_tick"]) for r in rows]
+    assert ticks == list(range(len(rows)))
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert len(meta["dates_resumed"]) == 1 and meta["date_start"] < meta["dates_resumed"][0]
 
 
 def test_test_mode_plays_whole_episodes_greedily(tmp_path):
@@ -336,3 +340,55 @@ def test_test_mode_works_with_lstm(tmp_path):
     tested = monobeast(tmp_path, *lstm_run, "--mode", "test", "--num_episodes", "2")
     assert tested.returncode == 0, tested.stderr
     assert "Average returns over 2 episodes" in tested.stdout
+
+
+def test_float64_observations_are_learned_from_as_float32(tmp_path):
+    result = monobeast(
+        tmp_path,
+        *SMALL_RUN,
+        "--env",
+        "tests.envs_for_tests:Float64Observation-v0",
+        "--total_steps",
+        "500",
+        "--xpid",
+        "run",
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_actors_that_keep_dying_stop_training_with_one_line(tmp_path):
+    result = monobeast(
+        tmp_path,
+        *SMALL_RUN,
+        "--env",
+        "tests.envs_for_tests:SelfKilling-v0",
+        "--total_steps",
+        "1000000",
+        "--xpid",
+        "run",
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "actors keep dying" in lines[0]
+
+
+def test_sigterm_to_the_process_group_stops_without_restarting_actors(tmp_path):
+    command = [sys.executable, "-m", "torchbeast.monobeast", "--savedir", str(tmp_path)]
+    process = subprocess.Popen(
+        [*command, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "run"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group, as under a job scheduler
+    )
+    try:
+        wait_for_rows(tmp_path / "run" / "logs.csv", 3)
+        actors = actor_pids(process.pid)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+    assert process.returncode == 0
+    out_log = (tmp_path / "run" / "out.log").read_text()
+    assert "died" not in out_log and "Stopped at step" in out_log
+    assert (tmp_path / "run" / "model.tar").exists()
+    wait_for(lambda: not any(alive(pid) for pid in actors), 10, "actors to exit")

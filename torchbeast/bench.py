@@ -11,6 +11,7 @@ publishing weights). The stage costs imply a ceiling: cores / total CPU per step
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -19,6 +20,7 @@ import time
 
 import torch
 
+from torchbeast.cli import report_errors
 from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.flags import make_parser, nonnegative_int, parse_flags, positive_int
 from torchbeast.runtime.mono import Trainer
@@ -42,14 +44,18 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
     ) and not trainer.stop_requested.is_set():
         time.sleep(0.05)
     pool = trainer.pool
-    pool.take_timings()
+    if pool is None:
+        return
+    timings_before = pool.timing_totals()
     start_time, start_step, start_cpu = time.monotonic(), learner.step, time.process_time()
     while learner.step < start_step + bench_steps and not trainer.stop_requested.is_set():
         time.sleep(0.05)
     elapsed = time.monotonic() - start_time
     learner_cpu = time.process_time() - start_cpu
     steps = learner.step - start_step
-    env_cpu, inference_cpu, actor_cpu, actor_steps = pool.take_timings()
+    env_cpu, inference_cpu, actor_cpu, actor_steps = pool.timing_totals() - timings_before
+    if steps == 0 or actor_steps == 0:
+        return
     result.update(
         sps=steps / elapsed,
         steps=steps,
@@ -68,19 +74,34 @@ def main(argv: list[str] | None = None) -> int:
     flags.disable_checkpoint = True
     setup_console_logging()
     result: dict = {}
-    with tempfile.TemporaryDirectory() as savedir:
-        flags.savedir, flags.xpid = savedir, "bench"
-        trainer = Trainer(flags)
-        thread = threading.Thread(
-            target=measure, args=(trainer, flags.warmup_steps, flags.bench_steps, result)
-        )
-        thread.start()
-        trainer.train()
-        thread.join()
-    if not result:
-        print("error: the run ended before the measurement window; raise --total_steps")
-        return 1
+    trainer: Trainer | None = None
 
+    def run_benchmark() -> None:
+        nonlocal trainer
+        with tempfile.TemporaryDirectory() as savedir:
+            flags.savedir, flags.xpid = savedir, "bench"
+            trainer = Trainer(flags)
+            thread = threading.Thread(
+                target=measure, args=(trainer, flags.warmup_steps, flags.bench_steps, result)
+            )
+            thread.start()
+            try:
+                trainer.train()
+            finally:
+                trainer.stop_requested.set()
+                thread.join()
+
+    status = report_errors(run_benchmark)
+    if status:
+        return status
+    if not result:
+        print("error: the run ended before the measurement window: raise --total_steps")
+        return 1
+    print_result(flags, trainer, result)
+    return 0
+
+
+def print_result(flags: argparse.Namespace, trainer: Trainer, result: dict) -> None:
     cores = len(os.sched_getaffinity(0))
     total_ms = (
         result["env_ms"] + result["inference_ms"] + result["actor_other_ms"] + result["learner_ms"]
@@ -102,7 +123,6 @@ def main(argv: list[str] | None = None) -> int:
         f"learner {result['learner_ms']:.3f}, total {total_ms:.3f}"
     )
     print(f"ceiling implied by the stage costs on {cores} cores: {1e3 * cores / total_ms:.0f} SPS")
-    return 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 
 import gymnasium as gym
+import torch
 
 from torchbeast.core.checkpoint import CheckpointError
 from torchbeast.core.flags import parse_flags
@@ -17,20 +18,37 @@ from torchbeast.runtime.mono import TrainingError
 USER_ERRORS = (EnvError, CheckpointError, TrainingError, gym.error.DependencyNotInstalled)
 
 
+def report_errors(body: Callable[[], object]) -> int:
+    """Runs ``body``; an error the user can fix is one line on stderr and exit code 1."""
+    try:
+        body()
+    except USER_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except torch.OutOfMemoryError:
+        print(
+            "error: out of GPU memory: lower --batch_size or --unroll_length, "
+            "or train on the CPU with --disable_cuda",
+            file=sys.stderr,
+        )
+        return 1
+    except OSError as error:  # e.g. an unwritable --savedir, or a full disk
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
 def run(
     parser: argparse.ArgumentParser,
     argv: list[str] | None,
     train: Callable[[argparse.Namespace], object],
     test: Callable[..., object],
 ) -> int:
-    """Runs the mode the flags ask for; a user's error is one line on stderr, exit 1."""
+    """Runs the mode the flags ask for."""
     flags = parse_flags(argv, parser)
-    try:
-        if flags.mode == "train":
-            train(flags)
-        else:
-            test(flags, render=flags.mode == "test_render")
-    except USER_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    if flags.mode == "train":
+        return report_errors(lambda: train(flags))
+    return report_errors(lambda: test(flags, render=flags.mode == "test_render"))

@@ -73,9 +73,12 @@ class FileWriter:
         )
         log.addHandler(self._file_handler)
 
+        now = datetime.datetime.now().isoformat()
+        previous = self._read_previous_meta()
         self.meta = {
             "flags": {key: value for key, value in vars(flags).items()},
-            "date_start": datetime.datetime.now().isoformat(),
+            "date_start": previous.get("date_start", now),
+            "dates_resumed": previous.get("dates_resumed", []) + ([now] if previous else []),
             "date_end": None,
             "successful": False,
             "versions": versions(),
@@ -85,13 +88,27 @@ class FileWriter:
         self._write_meta()
 
         self.fieldnames: list[str] = []
-        self._tick = 0
+        self._tick = self._count_rows()  # a resumed run continues the tick count
         self._logs_file = open(self.paths["logs.csv"], "a", newline="")  # noqa: SIM115
         self._tensorboard = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tensorboard = SummaryWriter(log_dir=self.directory)
+
+    def _read_previous_meta(self) -> dict:
+        try:
+            with open(self.paths["meta.json"]) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+    def _count_rows(self) -> int:
+        try:
+            with open(self.paths["logs.csv"]) as f:
+                return sum(1 for line in f if line.strip() and not line.startswith("#"))
+        except OSError:
+            return 0
 
     def _link_latest(self, flags: argparse.Namespace) -> None:
         link = os.path.join(flags.savedir, "latest")

@@ -29,7 +29,6 @@ NUMPY_TO_TORCH = {
     "int32": torch.int32,
     "int64": torch.int64,
     "float32": torch.float32,
-    "float64": torch.float32,  # stored as float32: the model computes in float32
     "bool": torch.bool,
 }
 

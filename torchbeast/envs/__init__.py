@@ -27,6 +27,12 @@ ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
 LIST_IDS_HINT = "list valid ids with: python -m torchbeast.envs"
 
 
+SUPPORTED_OBSERVATION_DTYPES = tuple(
+    np.dtype(name)
+    for name in ("uint8", "int8", "int16", "int32", "int64", "float32", "float64", "bool")
+)
+
+
 class EnvError(ValueError):
     """An environment id or space that torchbeast cannot run; the message says why."""
 
@@ -82,7 +88,16 @@ class BatchedEnv:
                 f"{env_id} has a {type(space).__name__} observation space; "
                 "torchbeast supports Box observations only"
             )
-        self.spec = EnvSpec(env_id, tuple(space.shape), np.dtype(space.dtype), int(action_space.n))
+        dtype = np.dtype(space.dtype)
+        if dtype not in SUPPORTED_OBSERVATION_DTYPES:
+            raise EnvError(
+                f"{env_id} has {dtype} observations; torchbeast supports "
+                + ", ".join(d.name for d in SUPPORTED_OBSERVATION_DTYPES)
+            )
+        # float64 observations are stored and learned from as float32.
+        self.cast_to = np.dtype(np.float32) if dtype == np.float64 else None
+        stored = self.cast_to or dtype
+        self.spec = EnvSpec(env_id, tuple(space.shape), stored, int(action_space.n))
         self.track_lives = track_lives
         n = self.num_envs
         self.episode_return = np.zeros(n, dtype=np.float32)
@@ -91,6 +106,8 @@ class BatchedEnv:
 
     def reset(self, seed: int | None = None) -> dict[str, np.ndarray]:
         frame, info = self.env.reset(seed=seed)
+        if self.cast_to is not None:
+            frame = frame.astype(self.cast_to)
         n = self.num_envs
         self.episode_return[:] = 0
         self.episode_step[:] = 0
@@ -108,6 +125,8 @@ class BatchedEnv:
 
     def step(self, actions: np.ndarray) -> dict[str, np.ndarray]:
         frame, reward, terminated, truncated, info = self.env.step(actions)
+        if self.cast_to is not None:
+            frame = frame.astype(self.cast_to)
         reward = reward.astype(np.float32, copy=False)
         game_over = np.logical_or(terminated, truncated)
         done = game_over

@@ -44,6 +44,8 @@ log = logging.getLogger("torchbeast")
 
 PROGRESS_INTERVAL_S = 5.0
 ACTOR_STOP_TIMEOUT_S = 5.0
+MAX_DEATHS_PER_MINUTE_PER_ACTOR = 3
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 class TrainingError(RuntimeError):
@@ -121,7 +123,10 @@ def actor_process(
     conn: mp.connection.Connection,
 ) -> None:
     """Steps ``envs_per_actor`` envs and fills the buffer slots the learner hands out."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when actors stop
+    # The learner decides when actors stop, also when a signal hits the process group.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked while it started
     _die_with_parent()
     torch.set_num_threads(1)
     try:
@@ -262,7 +267,7 @@ class ActorPool:
         self.processes: dict[int, mp.process.BaseProcess] = {}
         self.conns: dict[int, mp.connection.Connection] = {}
         self.incarnations = [0] * flags.num_actors
-        self.restarts = 0
+        self.recent_deaths: list[float] = []  # monotonic times of actor deaths
         self.error: str | None = None
         self.stopping = threading.Event()
         self.batch_lock = threading.Lock()
@@ -294,7 +299,13 @@ class ActorPool:
             ),
             daemon=True,
         )
-        process.start()
+        # Children inherit the signal mask: a Ctrl-C while an actor imports torch must not
+        # kill it before it can ignore SIGINT.
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         child_conn.close()  # so the parent sees EOF when the actor dies
         with self.lock:
             self.processes[actor_index] = process
@@ -328,11 +339,16 @@ class ActorPool:
     # Dispatcher thread.
 
     def _dispatch(self) -> None:
-        while not self.stopping.is_set():
-            with self.lock:
-                by_conn = {conn: index for index, conn in self.conns.items()}
-            for conn in mp.connection.wait(list(by_conn), timeout=0.1):
-                self._handle(by_conn[conn], conn)
+        try:
+            while not self.stopping.is_set():
+                with self.lock:
+                    by_conn = {conn: index for index, conn in self.conns.items()}
+                for conn in mp.connection.wait(list(by_conn), timeout=0.1):
+                    self._handle(by_conn[conn], conn)
+        except Exception as error:  # without the dispatcher nothing moves: stop the run
+            log.exception("The actor dispatcher failed.")
+            self.error = f"the actor dispatcher failed: {error!r}"
+            self.stopping.set()
 
     def _handle(self, actor_index: int, conn: mp.connection.Connection) -> None:
         try:
@@ -357,15 +373,24 @@ class ActorPool:
     def _replace_dead_actor(self, actor_index: int) -> None:
         process = self.processes[actor_index]
         process.join(timeout=ACTOR_STOP_TIMEOUT_S)
-        if self.stopping.is_set():
-            return
         with self.lock:
+            if self.stopping.is_set():
+                return
             self.conns.pop(actor_index).close()
             self.free_slots.extend(self.held.pop(actor_index, []))
             if actor_index in self.waiting:
                 self.waiting.remove(actor_index)
         self.incarnations[actor_index] += 1
-        self.restarts += 1
+        now = time.monotonic()
+        self.recent_deaths = [t for t in self.recent_deaths if now - t < 60] + [now]
+        if len(self.recent_deaths) > MAX_DEATHS_PER_MINUTE_PER_ACTOR * self.flags.num_actors:
+            self.error = (
+                f"actors keep dying ({len(self.recent_deaths)} in the last minute, last exit "
+                f"code {process.exitcode}); see out.log, and check memory (e.g. fewer "
+                "--num_actors)"
+            )
+            self.stopping.set()
+            return
         log.warning(
             "Actor %d died (exit code %s); starting a new one, training goes on.",
             actor_index,
@@ -421,11 +446,9 @@ class ActorPool:
             self.free_slots.extend(slots)
             self._serve_waiting()
 
-    def take_timings(self) -> np.ndarray:
-        """Summed (env, inference, all) CPU seconds and steps over actors since last call."""
-        totals = self.timings.sum(0).numpy().copy()
-        self.timings.zero_()
-        return totals
+    def timing_totals(self) -> np.ndarray:
+        """(env, inference, all) CPU seconds and agent steps, summed over actors so far."""
+        return self.timings.sum(0).numpy().copy()
 
 
 # --------------------------------------------------------------------------- training
@@ -457,13 +480,14 @@ class Trainer:
         self.learn_steps = 0
         self.pool: ActorPool | None = None
 
-    def resume_if_possible(self) -> None:
+    def resume_if_possible(self) -> bool:
+        """Loads model.tar of this xpid if there is one; refuses one of another run."""
         if not os.path.exists(self.checkpoint_path):
-            return
+            return False
         state = checkpoint.load(self.checkpoint_path, map_location=self.device)
         checkpoint.check_compatible(state, self.flags.env, self.config, self.checkpoint_path)
         self.learner.load_state_dict(state)
-        log.info("Resuming from %s at step %d.", self.checkpoint_path, self.learner.step)
+        return True
 
     def save_checkpoint(self) -> None:
         if self.flags.disable_checkpoint:
@@ -500,8 +524,10 @@ class Trainer:
 
     def train(self) -> dict:
         flags = self.flags
-        self.resume_if_possible()
+        resumed = self.resume_if_possible()  # before any file of the run is touched
         writer = FileWriter(flags)
+        if resumed:
+            log.info("Resuming from %s at step %d.", self.checkpoint_path, self.learner.step)
         log.info(
             "Training %s on %s: %s model, %d parameters, learner on %s.",
             flags.xpid,
@@ -521,9 +547,13 @@ class Trainer:
 
         self.weights.publish(self.learner.model)
         pool = self.pool = ActorPool(flags, self.env_spec, self.config, self.weights)
-        previous_handler = signal.signal(signal.SIGTERM, lambda *_: self.stop_requested.set())
+
+        def request_stop(*_) -> None:
+            self.stop_requested.set()
+            pool.stopping.set()
+
+        previous_handler = signal.signal(signal.SIGTERM, request_stop)
         threads: list[threading.Thread] = []
-        successful = False
         try:
             pool.start()
             threads = [
@@ -533,19 +563,27 @@ class Trainer:
             for thread in threads:
                 thread.start()
             self.monitor(pool, threads)
-            successful = self.failure is None and pool.error is None
         except KeyboardInterrupt:
-            log.info("Interrupted: stopping.")
+            log.info("Interrupted: saving a checkpoint and stopping the actors.")
         finally:
-            self.stop_requested.set()
-            pool.stop()
+            # A second Ctrl-C must not cost the checkpoint.
+            previous_interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            request_stop()
             for thread in threads:
                 thread.join()
+            self.save_checkpoint()
+            pool.stop()
             signal.signal(signal.SIGTERM, previous_handler)
-            if not isinstance(self.failure, KeyboardInterrupt):
-                self.save_checkpoint()
+            signal.signal(signal.SIGINT, previous_interrupt)
+            successful = (
+                self.learner.step >= flags.total_steps
+                and self.failure is None
+                and pool.error is None
+            )
             if successful:
                 log.info("Learning finished after %d steps.", self.learner.step)
+            elif self.failure is None and pool.error is None:
+                log.info("Stopped at step %d.", self.learner.step)
             writer.close(successful)
         if pool.error is not None:
             raise TrainingError(pool.error)
@@ -562,7 +600,7 @@ class Trainer:
         last_checkpoint = time.monotonic()
         last_time, last_step = time.monotonic(), self.learner.step
         while any(t.is_alive() for t in threads) and not self.stop_requested.is_set():
-            if pool.error is not None:
+            if pool.error is not None or pool.stopping.is_set():
                 return
             time.sleep(min(PROGRESS_INTERVAL_S, 0.2))
             now = time.monotonic()
