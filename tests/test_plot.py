@@ -104,14 +104,25 @@ def test_return_curve_drops_rows_without_return(tmp_path):
     assert returns.tolist() == [-21.0, -20.5]
 
 
-def test_sps_curve_computes_from_steps_and_time_without_sps_column(tmp_path):
-    text = "# _tick,_time,step\n0,100.0,0\n1,102.0,3200\n2,106.0,6400\n"
+def test_sps_curve_averages_steps_over_the_time_window_without_sps_column(tmp_path):
+    text = "# _tick,_time,step\n0,100.0,0\n1,102.0,3200\n2,106.0,6400\n3,120.0,8000\n"
     logs = plot.read_logs(write_run(tmp_path, "run", text))
 
-    steps, sps = plot.sps_curve(logs)
+    steps, sps = plot.sps_curve(logs, window_s=10.0)
 
-    assert steps.tolist() == [3200.0, 6400.0]
-    assert sps.tolist() == [1600.0, 800.0]
+    assert steps.tolist() == [3200.0, 6400.0, 8000.0]
+    # Rows within the last 10 s: 6400 over 6 s; the last row has none, so its predecessor.
+    assert sps.tolist() == [1600.0, 6400 / 6, 1600 / 14]
+
+
+def test_sps_curve_drops_points_where_steps_go_back(tmp_path):
+    text = "# _tick,_time,step\n0,100.0,3200\n1,102.0,0\n2,104.0,3200\n"
+    logs = plot.read_logs(write_run(tmp_path, "run", text))
+
+    steps, sps = plot.sps_curve(logs, window_s=1.0)
+
+    assert steps.tolist() == [3200.0]
+    assert sps.tolist() == [1600.0]
 
 
 def test_main_writes_curve_png_in_run_folder_for_one_xpid(tmp_path, capsys):

@@ -28,6 +28,7 @@ DEFAULT_SAVEDIR = "~/logs/torchbeast"
 DEFAULT_SMOOTH = 10
 LOGS_NAME = "logs.csv"
 FIGSIZE = (8.0, 6.0)  # inches
+SPS_WINDOW_S = 10.0  # seconds of log rows each SPS point averages over
 DPI = 100
 
 
@@ -111,20 +112,25 @@ def return_curve(logs: dict[str, np.ndarray], window: int = 1) -> tuple[np.ndarr
     return steps[keep], smooth(returns[keep], window)
 
 
-def sps_curve(logs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def sps_curve(
+    logs: dict[str, np.ndarray], window_s: float = SPS_WINDOW_S
+) -> tuple[np.ndarray, np.ndarray]:
     """Steps and steps per second.
 
-    Uses the ``sps`` column where it has a value; otherwise SPS is computed from
-    consecutive differences of ``step`` and ``_time``. Points without a value
-    are dropped.
+    Uses the ``sps`` column where it has a value; otherwise SPS is the step increase over
+    the rows logged in the last ``window_s`` seconds (single updates are too bursty to
+    read). Points without a value, or across a restart, are dropped.
     """
     steps = logs["step"]
     computed = np.full_like(steps, math.nan)
     if "_time" in logs and steps.size > 1:
-        d_step = np.diff(steps)
-        d_time = np.diff(logs["_time"])
+        times = logs["_time"]
+        start = np.searchsorted(times, times - window_s, side="left")
+        start = np.minimum(start, np.arange(steps.size) - 1).clip(min=0)
+        d_step = steps - steps[start]
+        d_time = times - times[start]
         with np.errstate(divide="ignore", invalid="ignore"):
-            computed[1:] = np.where(d_time > 0, d_step / d_time, math.nan)
+            computed = np.where((d_time > 0) & (d_step > 0), d_step / d_time, math.nan)
     sps = logs["sps"] if "sps" in logs else computed
     sps = np.where(np.isfinite(sps), sps, computed)
     keep = np.isfinite(steps) & np.isfinite(sps)
