@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import collections
 import ctypes
+import dataclasses
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
@@ -110,17 +111,21 @@ def _die_with_parent() -> None:
         pass
 
 
+@dataclasses.dataclass
+class ActorShared:
+    """What every actor process receives: settings and the shared-memory tensors."""
+
+    flags: argparse.Namespace
+    env_spec: rollout.EnvSpec
+    config: dict
+    buffers: dict[str, torch.Tensor]  # name -> [num_buffers, T+1, ...]
+    initial_core_states: tuple[torch.Tensor, ...]  # [num_buffers, layers, H] each
+    weights: SharedWeights
+    timings: torch.Tensor  # [num_actors, 4]: env, inference, all CPU seconds; steps
+
+
 def actor_process(
-    actor_index: int,
-    incarnation: int,
-    flags: argparse.Namespace,
-    env_spec: rollout.EnvSpec,
-    config: dict,
-    buffers: dict[str, torch.Tensor],
-    initial_core_states: tuple[torch.Tensor, ...],
-    weights: SharedWeights,
-    timings: torch.Tensor,
-    conn: mp.connection.Connection,
+    actor_index: int, incarnation: int, shared: ActorShared, conn: mp.connection.Connection
 ) -> None:
     """Steps ``envs_per_actor`` envs and fills the buffer slots the learner hands out."""
     # The learner decides when actors stop, also when a signal hits the process group.
@@ -130,18 +135,7 @@ def actor_process(
     _die_with_parent()
     torch.set_num_threads(1)
     try:
-        run_actor(
-            actor_index,
-            incarnation,
-            flags,
-            env_spec,
-            config,
-            buffers,
-            initial_core_states,
-            weights,
-            timings,
-            conn,
-        )
+        run_actor(actor_index, incarnation, shared, conn)
     except (EOFError, BrokenPipeError):
         pass  # the learner went away: nothing left to do
     except Exception:
@@ -153,26 +147,18 @@ def actor_process(
 
 
 def run_actor(
-    actor_index: int,
-    incarnation: int,
-    flags: argparse.Namespace,
-    env_spec: rollout.EnvSpec,
-    config: dict,
-    buffers: dict[str, torch.Tensor],
-    initial_core_states: tuple[torch.Tensor, ...],
-    weights: SharedWeights,
-    timings: torch.Tensor,
-    conn: mp.connection.Connection,
+    actor_index: int, incarnation: int, shared: ActorShared, conn: mp.connection.Connection
 ) -> None:
+    flags, env_spec, buffers = shared.flags, shared.env_spec, shared.buffers
     num_envs = flags.envs_per_actor
     seed = None
     if flags.seed is not None:
         seed = flags.seed * 100_003 + (incarnation * flags.num_actors + actor_index) * num_envs
         torch.manual_seed(seed)
     env = envs.create_env(flags, num_envs=num_envs, num_threads=1)
-    model = create_model(config, env_spec.observation_shape, env_spec.num_actions)
+    model = create_model(shared.config, env_spec.observation_shape, env_spec.num_actions)
     model.train()  # sample actions
-    version = weights.read_into(model, -1)
+    version = shared.weights.read_into(model, -1)
 
     env_output = {k: torch.from_numpy(v) for k, v in env.reset(seed=seed).items()}
     agent_output = {
@@ -195,7 +181,7 @@ def run_actor(
             buffers[key][index, 0] = env_output[key]
         for key in rollout.AGENT_KEYS:
             buffers[key][index, 0] = agent_output[key]
-        for stored, state in zip(initial_core_states, core_state, strict=True):
+        for stored, state in zip(shared.initial_core_states, core_state, strict=True):
             stored[index] = state.transpose(0, 1)  # [E, layers, H]
 
         for t in range(1, flags.unroll_length + 1):
@@ -215,14 +201,14 @@ def run_actor(
                 buffers[key][index, t] = agent_output[key]
 
         now = time.process_time()
-        timings[actor_index] += torch.tensor(
+        shared.timings[actor_index] += torch.tensor(
             [env_time, inference_time, now - cpu_mark, flags.unroll_length * num_envs],
             dtype=torch.float64,
         )
         env_time = inference_time = 0.0
         cpu_mark = now
         conn.send(("full", slots))
-        version = weights.read_into(model, version)
+        version = shared.weights.read_into(model, version)
     env.close()
 
 
@@ -244,20 +230,22 @@ class ActorPool:
         weights: SharedWeights,
     ):
         self.flags = flags
-        self.env_spec = env_spec
-        self.config = config
-        self.weights = weights
         self.context = mp.get_context("spawn")
-        self.buffers = rollout.allocate(env_spec, flags.unroll_length, flags.num_buffers, True)
         state = create_model(
             config, env_spec.observation_shape, env_spec.num_actions
         ).initial_state(1)
-        # Core state at the start of each rollout: [num_buffers, layers, H] per tensor.
-        self.initial_core_states = tuple(
-            torch.zeros(flags.num_buffers, *s.shape[::2]).share_memory_() for s in state
+        self.shared = ActorShared(
+            flags=flags,
+            env_spec=env_spec,
+            config=config,
+            buffers=rollout.allocate(env_spec, flags.unroll_length, flags.num_buffers, True),
+            # Core state at the start of each rollout: [num_buffers, layers, H] per tensor.
+            initial_core_states=tuple(
+                torch.zeros(flags.num_buffers, *s.shape[::2]).share_memory_() for s in state
+            ),
+            weights=weights,
+            timings=torch.zeros(flags.num_actors, 4, dtype=torch.float64).share_memory_(),
         )
-        # Per actor, CPU seconds: in env steps, in inference, in all; and agent steps.
-        self.timings = torch.zeros(flags.num_actors, 4, dtype=torch.float64).share_memory_()
 
         self.free_slots: collections.deque[int] = collections.deque(range(flags.num_buffers))
         self.full_slots: queue.Queue[int] = queue.Queue()
@@ -285,18 +273,7 @@ class ActorPool:
         process = self.context.Process(
             target=actor_process,
             name=f"actor-{actor_index}",
-            args=(
-                actor_index,
-                self.incarnations[actor_index],
-                self.flags,
-                self.env_spec,
-                self.config,
-                self.buffers,
-                self.initial_core_states,
-                self.weights,
-                self.timings,
-                child_conn,
-            ),
+            args=(actor_index, self.incarnations[actor_index], self.shared, child_conn),
             daemon=True,
         )
         # Children inherit the signal mask: a Ctrl-C while an actor imports torch must not
@@ -431,12 +408,12 @@ class ActorPool:
         index = torch.tensor(slots)
         batch = {
             key: buffer.index_select(0, index).transpose(0, 1).to(device, non_blocking=True)
-            for key, buffer in self.buffers.items()
+            for key, buffer in self.shared.buffers.items()
         }
         # [layers, B, H] per state tensor.
         core_state = tuple(
             s.index_select(0, index).transpose(0, 1).contiguous().to(device)
-            for s in self.initial_core_states
+            for s in self.shared.initial_core_states
         )
         self.release(slots)
         return batch, core_state, slots
@@ -448,7 +425,7 @@ class ActorPool:
 
     def timing_totals(self) -> np.ndarray:
         """(env, inference, all) CPU seconds and agent steps, summed over actors so far."""
-        return self.timings.sum(0).numpy().copy()
+        return self.shared.timings.sum(0).numpy().copy()
 
 
 # --------------------------------------------------------------------------- training
