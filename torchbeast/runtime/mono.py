@@ -155,6 +155,8 @@ def run_actor(
     if flags.seed is not None:
         seed = flags.seed * 100_003 + (incarnation * flags.num_actors + actor_index) * num_envs
         torch.manual_seed(seed)
+    else:
+        torch.seed()  # every new process starts from torch's one fixed seed otherwise
     env = envs.create_env(flags, num_envs=num_envs, num_threads=1)
     model = create_model(shared.config, env_spec.observation_shape, env_spec.num_actions)
     model.train()  # sample actions
