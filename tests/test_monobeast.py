@@ -41,6 +41,14 @@ def start_monobeast(tmp_path, *args: str) -> subprocess.Popen:
     )
 
 
+def assert_one_error_line(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    """The run failed with exit code 1 and exactly one stderr line naming ``fragments``."""
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert all(fragment in lines[0] for fragment in fragments), lines[0]
+
+
 def read_rows(path) -> list[dict[str, str]]:
     with open(path) as f:
         lines = f.read().splitlines()
@@ -162,9 +170,7 @@ def test_test_mode_plays_whole_episodes_greedily(tmp_path):
 
 def test_test_mode_without_a_checkpoint_is_one_clear_error(tmp_path):
     result = monobeast(tmp_path, "--env", "CartPole-v1", "--mode", "test", "--xpid", "missing")
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "no checkpoint at" in lines[0] and "missing" in lines[0]
+    assert_one_error_line(result, "no checkpoint at", "missing")
 
 
 def test_test_mode_with_another_model_is_one_clear_error(tmp_path):
@@ -173,17 +179,12 @@ def test_test_mode_with_another_model_is_one_clear_error(tmp_path):
     result = monobeast(
         tmp_path, "--env", "CartPole-v1", "--mode", "test", "--xpid", "run", "--use_lstm"
     )
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "use_lstm" in lines[0]
+    assert_one_error_line(result, "use_lstm")
 
 
 def test_unknown_env_is_one_clear_error(tmp_path):
     result = monobeast(tmp_path, "--env", "NoSuchGame-v9", "--xpid", "run")
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1
-    assert "NoSuchGame-v9" in lines[0] and "python -m torchbeast.envs" in lines[0]
+    assert_one_error_line(result, "NoSuchGame-v9", "python -m torchbeast.envs")
 
 
 def test_killed_actor_is_replaced_and_training_goes_on(tmp_path):
@@ -249,9 +250,7 @@ def test_non_finite_loss_stops_training_and_keeps_good_weights(tmp_path):
         "--xpid",
         "run",
     )
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "loss became inf" in lines[0]
+    assert_one_error_line(result, "loss became inf")
     state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)
     assert state["step"] > 0
     assert all(torch.isfinite(t).all() for t in state["model_state_dict"].values())
@@ -380,9 +379,7 @@ def test_actors_that_keep_dying_stop_training_with_one_line(tmp_path):
         "--xpid",
         "run",
     )
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "actors keep dying" in lines[0]
+    assert_one_error_line(result, "actors keep dying")
 
 
 def test_sigterm_to_the_process_group_stops_without_restarting_actors(tmp_path):
