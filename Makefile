@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install train test bench lint format docs constraints clean
+.PHONY: install train test bench lint format docs proto constraints clean
 
 install: $(STAMP)
 
@@ -40,6 +40,11 @@ format: $(STAMP)
 # Regenerate the flag reference in README.md from the parser.
 docs: $(STAMP)
 	$(PY) -m torchbeast.core.flags --update-readme README.md
+
+# Regenerate the gRPC modules from the .proto (a test fails when they are stale).
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. \
+		torchbeast/runtime/poly/polybeast.proto
 
 constraints: $(STAMP)
 	$(PY) -m pip freeze --exclude-editable | sed 's/+cpu//' > constraints.txt

@@ -263,3 +263,120 @@ def test_on_update_sees_the_updated_model():
     learner.learn(make_batch())
     assert len(seen) == 1
     assert all(torch.equal(a, b) for a, b in zip(seen[0], learner.model.parameters(), strict=True))
+
+
+# Partial rollouts: columns cut short, padded with zeros and marked by batch["mask"].
+
+# No gradient clipping, so that gradients of different batches can be compared and added.
+UNCLIPPED = ("--grad_norm_clipping", "1e9")
+LOSSES = ("pg_loss", "baseline_loss", "entropy_loss", "total_loss")
+
+
+def pad_columns(batch, lengths, padding=None) -> dict[str, torch.Tensor]:
+    """``batch`` with column b cut after its lengths[b] real new steps and padded to T+1
+    with zeros (or with the data of the batch ``padding``), plus the mask [T+1, B] that
+    marks index 0 and the real new steps."""
+    mask = torch.arange(T + 1)[:, None] <= torch.tensor(lengths)[None, :]  # [T+1, B]
+    padded = {}
+    for name, tensor in batch.items():
+        real = mask.view(*mask.shape, *(1,) * (tensor.dim() - 2))  # [T+1, B, 1...]
+        filler = torch.zeros_like(tensor) if padding is None else padding[name]
+        padded[name] = torch.where(real, tensor, filler)
+    padded["mask"] = mask
+    return padded
+
+
+def column(batch, b, n=T) -> dict[str, torch.Tensor]:
+    """Column b of ``batch`` up to its n-th new step, without mask: [n+1, 1, ...]."""
+    return {name: tensor[: n + 1, b : b + 1] for name, tensor in batch.items() if name != "mask"}
+
+
+def learn_with_gradients(flags, batch) -> tuple[dict[str, float], list[torch.Tensor]]:
+    """Stats of one update of a fresh model (seed 0) and the gradients it applied."""
+    model = make_model(flags)
+    stats = Learner(flags, model).learn(batch, model.initial_state(batch["reward"].shape[1]))
+    return stats, [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("use_lstm", [False, True])
+@pytest.mark.parametrize("n", [1, 3])
+def test_padded_column_learns_like_its_truncated_rollout(n, use_lstm):
+    lstm = ("--use_lstm",) if use_lstm else ()
+    padded = pad_columns(make_batch(), (n, T, T))
+    padded_column = {name: tensor[:, :1] for name, tensor in padded.items()}  # [T+1, 1, ...]
+
+    stats, grads = learn_with_gradients(make_flags(*UNCLIPPED, *lstm), padded_column)
+    short_flags = make_flags(*UNCLIPPED, *lstm, "--unroll_length", str(n))
+    short_stats, short_grads = learn_with_gradients(short_flags, column(padded, 0, n))
+
+    for name in LOSSES:
+        assert stats[name] == pytest.approx(short_stats[name], rel=1e-5), name
+    for grad, short_grad in zip(grads, short_grads, strict=True):
+        torch.testing.assert_close(grad, short_grad, rtol=1e-5, atol=1e-7)
+
+
+def test_batch_of_partial_columns_learns_the_sum_of_its_truncated_columns():
+    # Losses and gradients are sums over columns, each of its own real length.
+    lengths = (T, 3, 1)
+    padded = pad_columns(make_batch(), lengths)
+
+    stats, grads = learn_with_gradients(make_flags(*UNCLIPPED), padded)
+    parts = [
+        learn_with_gradients(
+            make_flags(*UNCLIPPED, "--unroll_length", str(n)), column(padded, b, n)
+        )
+        for b, n in enumerate(lengths)
+    ]
+
+    for name in LOSSES:
+        assert stats[name] == pytest.approx(sum(part[name] for part, _ in parts), rel=1e-5), name
+    for k, grad in enumerate(grads):
+        expected = sum(part_grads[k] for _, part_grads in parts)
+        torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("use_lstm", [False, True])
+def test_data_in_padded_steps_changes_neither_losses_nor_gradients(use_lstm):
+    lstm = ("--use_lstm",) if use_lstm else ()
+    zero_padded = pad_columns(make_batch(0), (T, 3, 1))
+    noisy = pad_columns(make_batch(0), (T, 3, 1), padding=make_batch(1))
+    assert not torch.equal(noisy["frame"], zero_padded["frame"])
+
+    stats, grads = learn_with_gradients(make_flags(*lstm), zero_padded)
+    noisy_stats, noisy_grads = learn_with_gradients(make_flags(*lstm), noisy)
+
+    for name in (*LOSSES, "grad_norm"):
+        assert stats[name] == pytest.approx(noisy_stats[name], rel=1e-6, abs=1e-9), name
+    for grad, noisy_grad in zip(grads, noisy_grads, strict=True):
+        torch.testing.assert_close(grad, noisy_grad, rtol=1e-6, atol=1e-9)
+
+
+def test_step_counts_only_the_real_new_steps():
+    flags = make_flags()
+    learner = Learner(flags, make_model(flags))
+    learner.learn(make_batch(0))
+    stats = learner.learn(pad_columns(make_batch(1), (T, 3, 1)))
+    real_new_steps = T + 3 + 1
+    assert stats["step"] == learner.step == T * B + real_new_steps
+
+
+def test_all_real_mask_learns_like_no_mask():
+    flags = make_flags()
+    batch = make_batch()
+    stats, grads = learn_with_gradients(flags, batch)
+    masked = batch | {"mask": torch.ones(T + 1, B, dtype=torch.bool)}
+    masked_stats, masked_grads = learn_with_gradients(flags, masked)
+    for name in (*LOSSES, "step"):
+        assert masked_stats[name] == pytest.approx(stats[name], rel=1e-6), name
+    for grad, masked_grad in zip(grads, masked_grads, strict=True):
+        torch.testing.assert_close(grad, masked_grad, rtol=1e-6, atol=1e-9)
+
+
+def test_episodes_ending_in_padded_steps_are_not_counted():
+    flags = make_flags()
+    batch = pad_columns(make_batch(), (T, 2, T))
+    batch["episode_end"][:] = False
+    batch["episode_end"][2, 1] = batch["episode_end"][4, 1] = True  # real, then padded
+    batch["episode_return"][2, 1], batch["episode_return"][4, 1] = 7.0, 99.0
+    stats = Learner(flags, make_model(flags)).learn(batch)
+    assert (stats["mean_episode_return"], stats["episodes"]) == (7.0, 1)

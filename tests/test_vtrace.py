@@ -246,3 +246,115 @@ def test_from_logits_targets_carry_no_gradient():
 
     assert not out.vs.requires_grad
     assert not out.pg_advantages.requires_grad
+
+
+# Partial rollouts: a mask [T, B], True for the real prefix of each column.
+
+LENGTHS = (8, 5, 1)  # real steps per column; the first column is not cut
+
+
+def _prefix_mask(T, lengths, dtype=torch.bool):
+    return (torch.arange(T)[:, None] < torch.tensor(lengths)[None, :]).to(dtype)  # [T, B]
+
+
+def _truncated_column(inputs, b, n):
+    """Column b cut to its n real steps, bootstrapping from the value at the cut."""
+    column = {name: x[:n, b : b + 1] for name, x in inputs.items() if name != "bootstrap_value"}
+    T = inputs["values"].shape[0]
+    cut = inputs["values"][n, b : b + 1] if n < T else inputs["bootstrap_value"][b : b + 1]
+    return column, cut
+
+
+def test_masked_column_equals_vtrace_on_its_truncated_sequence():
+    inputs = _to_torch(_random_inputs(8, seed=12))  # padding holds random data, not zeros
+
+    out = vtrace.from_importance_weights(
+        **inputs, clip_rho_threshold=0.5, clip_pg_rho_threshold=2.0, mask=_prefix_mask(8, LENGTHS)
+    )
+
+    for b, n in enumerate(LENGTHS):
+        column, cut = _truncated_column(inputs, b, n)
+        short = vtrace.from_importance_weights(
+            **column, bootstrap_value=cut, clip_rho_threshold=0.5, clip_pg_rho_threshold=2.0
+        )
+        torch.testing.assert_close(out.vs[:n, b : b + 1], short.vs)
+        torch.testing.assert_close(out.pg_advantages[:n, b : b + 1], short.pg_advantages)
+
+
+def test_from_logits_masked_column_equals_its_truncated_sequence():
+    behavior_logits, target_logits, actions, inputs = _random_logits_inputs(8, seed=13)
+    logits_inputs = dict(
+        behavior_policy_logits=torch.tensor(behavior_logits),
+        target_policy_logits=torch.tensor(target_logits),
+        actions=torch.tensor(actions),
+    )
+
+    out = vtrace.from_logits(**logits_inputs, **inputs, mask=_prefix_mask(8, LENGTHS))
+
+    for b, n in enumerate(LENGTHS):
+        column, cut = _truncated_column(inputs, b, n)
+        short = vtrace.from_logits(
+            **{name: x[:n, b : b + 1] for name, x in logits_inputs.items()},
+            **column,
+            bootstrap_value=cut,
+        )
+        torch.testing.assert_close(out.vs[:n, b : b + 1], short.vs)
+        torch.testing.assert_close(out.pg_advantages[:n, b : b + 1], short.pg_advantages)
+
+
+def test_padded_steps_have_vs_equal_to_values_and_zero_advantage():
+    inputs = _to_torch(_random_inputs(8, seed=14))
+    padded = ~_prefix_mask(8, LENGTHS)
+
+    out = vtrace.from_importance_weights(**inputs, mask=~padded)
+
+    assert padded.any()
+    torch.testing.assert_close(out.vs[padded], inputs["values"][padded], rtol=0, atol=0)
+    assert torch.all(out.pg_advantages[padded] == 0)
+
+
+def test_mask_none_matches_paper_sum():
+    inputs = _random_inputs(10, seed=15)
+    expected_vs, expected_pg = _ground_truth(**inputs, rho_bar=1.0, pg_rho_bar=1.0)
+
+    out = vtrace.from_importance_weights(**_to_torch(inputs), mask=None)
+
+    np.testing.assert_allclose(out.vs.numpy(), expected_vs, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(out.pg_advantages.numpy(), expected_pg, rtol=1e-10, atol=1e-10)
+
+
+def test_all_true_mask_gives_the_unmasked_result():
+    inputs = _to_torch(_random_inputs(10, seed=16))
+
+    masked = vtrace.from_importance_weights(**inputs, mask=torch.ones(10, B, dtype=torch.bool))
+    unmasked = vtrace.from_importance_weights(**inputs)
+
+    assert torch.equal(masked.vs, unmasked.vs)
+    assert torch.equal(masked.pg_advantages, unmasked.pg_advantages)
+
+
+def test_float_mask_equals_bool_mask_and_keeps_the_input_dtype():
+    inputs = _to_torch(_random_inputs(8, seed=17), dtype=torch.float32)
+
+    with_bool = vtrace.from_importance_weights(**inputs, mask=_prefix_mask(8, LENGTHS))
+    with_float = vtrace.from_importance_weights(
+        **inputs, mask=_prefix_mask(8, LENGTHS, dtype=torch.float64)
+    )
+
+    assert with_float.vs.dtype == with_float.pg_advantages.dtype == torch.float32
+    assert torch.equal(with_bool.vs, with_float.vs)
+    assert torch.equal(with_bool.pg_advantages, with_float.pg_advantages)
+
+
+def test_mask_broadcasts_over_trailing_dimensions():
+    inputs = _to_torch(_random_inputs(8, seed=18, trailing=(2,)))
+    mask = _prefix_mask(8, LENGTHS)
+
+    out = vtrace.from_importance_weights(**inputs, mask=mask)
+
+    for k in range(2):
+        sliced = vtrace.from_importance_weights(
+            **{name: x[..., k] for name, x in inputs.items()}, mask=mask
+        )
+        torch.testing.assert_close(out.vs[..., k], sliced.vs)
+        torch.testing.assert_close(out.pg_advantages[..., k], sliced.pg_advantages)

@@ -23,7 +23,8 @@ import torch
 from torchbeast.cli import report_errors
 from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.flags import make_parser, nonnegative_int, parse_flags, positive_int
-from torchbeast.runtime.mono import Trainer
+from torchbeast.runtime.mono import MonoTrainer
+from torchbeast.runtime.training import Trainer
 
 
 def make_bench_parser():
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         nonlocal trainer
         with tempfile.TemporaryDirectory() as savedir:
             flags.savedir, flags.xpid = savedir, "bench"
-            trainer = Trainer(flags)
+            trainer = MonoTrainer(flags)
             thread = threading.Thread(
                 target=measure, args=(trainer, flags.warmup_steps, flags.bench_steps, result)
             )

@@ -12,7 +12,7 @@ import torch
 from torchbeast.core.checkpoint import CheckpointError
 from torchbeast.core.flags import parse_flags
 from torchbeast.envs import EnvError
-from torchbeast.runtime.mono import TrainingError
+from torchbeast.runtime.training import TrainingError
 
 # gym's DependencyNotInstalled: e.g. --mode test_render of CartPole without pygame.
 USER_ERRORS = (EnvError, CheckpointError, TrainingError, gym.error.DependencyNotInstalled)

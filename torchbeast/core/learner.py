@@ -4,6 +4,13 @@ A batch is a dict of time-major tensors ``[T+1, B, ...]`` laid out as actors wri
 index t holds the frame seen at step t with the reward and done that led to it, and the
 action and behaviour logits the actor chose *at step t-1* (index 0 overlaps with the last
 step of the previous rollout). So ``batch[1:]`` lines up with ``learner_outputs[:-1]``.
+
+A batch may hold rollouts cut short (an actor lost its environment mid-rollout), padded
+to T+1 with zeros and marked by ``batch["mask"]``: bool [T+1, B], True for real steps, a
+prefix of each column (index 0 is always real). Padded steps add nothing to the losses,
+the gradient, the step count or the episode statistics; the last real step bootstraps
+from the learner's value of the last real frame unless its episode ended there. Without
+"mask" every step is real.
 """
 
 from __future__ import annotations
@@ -25,7 +32,12 @@ class NonFiniteLossError(RuntimeError):
 
 
 def lr_lambda(flags: argparse.Namespace) -> Callable[[int], float]:
-    """Learning-rate factor falling linearly from 1 to 0 at ``total_steps``."""
+    """Learning-rate factor falling linearly from 1 to 0 at ``total_steps``.
+
+    It counts T * B steps per update, also for batches with padded (masked) steps, so with
+    partial rollouts the rate reaches 0 a little before ``Learner.step`` reaches
+    ``total_steps``; partial rollouts are rare (disconnects), so the difference is small.
+    """
     steps_per_update = flags.unroll_length * flags.batch_size
 
     def factor(update: int) -> float:
@@ -82,6 +94,7 @@ class Learner:
             # Drop the overlap step of the batch and the bootstrap step of the outputs.
             batch = {key: tensor[1:] for key, tensor in batch.items()}
             learner_outputs = {key: tensor[:-1] for key, tensor in learner_outputs.items()}
+            mask = batch.get("mask")  # [T, B] True for real new steps, or None: all real
 
             rewards = losses.clip_rewards(batch["reward"], flags.reward_clipping)  # [T, B]
             discounts = (~batch["done"]).float() * flags.discounting  # [T, B]
@@ -94,16 +107,20 @@ class Learner:
                 rewards=rewards,
                 values=learner_outputs["baseline"],
                 bootstrap_value=bootstrap_value,
+                mask=mask,
             )
 
             pg_loss = losses.policy_gradient_loss(
-                learner_outputs["policy_logits"], batch["action"], vtrace_returns.pg_advantages
+                learner_outputs["policy_logits"],
+                batch["action"],
+                vtrace_returns.pg_advantages,
+                mask=mask,
             )
             baseline_loss = flags.baseline_cost * losses.baseline_loss(
-                vtrace_returns.vs - learner_outputs["baseline"]
+                vtrace_returns.vs - learner_outputs["baseline"], mask=mask
             )
             entropy_loss = flags.entropy_cost * losses.entropy_loss(
-                learner_outputs["policy_logits"]
+                learner_outputs["policy_logits"], mask=mask
             )
             total_loss = pg_loss + baseline_loss + entropy_loss
 
@@ -121,13 +138,19 @@ class Learner:
             self.optimizer.step()
             self.scheduler.step()
 
-            T, B = batch["reward"].shape
-            self.step += T * B
+            if mask is None:
+                T, B = batch["reward"].shape
+                self.step += T * B
+            else:
+                self.step += int(mask.sum())
             self.updates += 1
             if self.on_update is not None:
                 self.on_update(self.model)
 
-            episode_returns = batch["episode_return"][batch["episode_end"]]
+            episode_end = (
+                batch["episode_end"] if mask is None else batch["episode_end"] & mask.bool()
+            )
+            episode_returns = batch["episode_return"][episode_end]
             mean_return = episode_returns.mean() if episode_returns.numel() else math.nan
             return {
                 "step": self.step,

@@ -1,4 +1,8 @@
-"""IMPALA loss terms, as in TorchBeast: sums over the T x B batch."""
+"""IMPALA loss terms, as in TorchBeast: sums over the T x B batch.
+
+Each term takes an optional ``mask`` [T, B] (bool or float, True for real steps) so that
+padded steps of a rollout cut short add nothing to the loss or its gradient.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +10,47 @@ import torch
 import torch.nn.functional as F
 
 
+def _masked_sum(per_step: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Sum of per_step [T, B]; with a mask only the real steps count."""
+    if mask is None:
+        return torch.sum(per_step)
+    return torch.sum(per_step * mask.to(per_step.dtype))
+
+
 def policy_gradient_loss(
-    logits: torch.Tensor, actions: torch.Tensor, advantages: torch.Tensor
+    logits: torch.Tensor,
+    actions: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """-sum log pi(a|x) * A over [T, B]; advantages carry no gradient."""
+    """-sum log pi(a|x) * A over [T, B]; advantages carry no gradient.
+
+    logits: [T, B, A]; actions, advantages and mask: [T, B].
+    """
     cross_entropy = F.nll_loss(
         F.log_softmax(torch.flatten(logits, 0, 1), dim=-1),
         target=torch.flatten(actions, 0, 1),
         reduction="none",
     ).view_as(advantages)  # [T, B]
-    return torch.sum(cross_entropy * advantages.detach())
+    return _masked_sum(cross_entropy * advantages.detach(), mask)
 
 
-def baseline_loss(advantages: torch.Tensor) -> torch.Tensor:
-    """0.5 * sum (vs - V)^2 over [T, B]."""
-    return 0.5 * torch.sum(advantages**2)
+def baseline_loss(advantages: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """0.5 * sum (vs - V)^2 over [T, B]; advantages and mask: [T, B]."""
+    return 0.5 * _masked_sum(advantages**2, mask)
 
 
-def entropy_loss(logits: torch.Tensor) -> torch.Tensor:
-    """sum pi log pi over [T, B, A]: the negative entropy, which the loss minimises."""
+def entropy_loss(logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """sum pi log pi over [T, B, A]: the negative entropy, which the loss minimises.
+
+    mask: [T, B].
+    """
     policy = F.softmax(logits, dim=-1)
     log_policy = F.log_softmax(logits, dim=-1)
-    return torch.sum(policy * log_policy)
+    if mask is None:
+        # One sum over [T, B, A], as before masks existed (keeps results bit for bit).
+        return torch.sum(policy * log_policy)
+    return _masked_sum(torch.sum(policy * log_policy, dim=-1), mask)  # [T, B] summed
 
 
 def clip_rewards(rewards: torch.Tensor, mode: str) -> torch.Tensor:

@@ -6,20 +6,11 @@ rollout (so the learner can bootstrap and line up actions), indices 1..T are new
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 
+from torchbeast.core.spec import EnvSpec
 
-@dataclass(frozen=True)
-class EnvSpec:
-    """What the learner needs to know about an environment."""
-
-    env_id: str
-    observation_shape: tuple[int, ...]
-    observation_dtype: np.dtype
-    num_actions: int
+__all__ = ["EnvSpec", "rollout_spec", "allocate", "ENV_KEYS", "AGENT_KEYS"]
 
 
 NUMPY_TO_TORCH = {

@@ -11,6 +11,11 @@ For s = T-1 down to 0 the targets satisfy
 
 with rho_s = min(rho_bar, pi/mu), c_s = min(1, pi/mu) and v_T = V(x_T) = bootstrap_value.
 The policy-gradient advantage is min(rho_bar_pg, pi/mu) * (r_s + gamma_s * v_{s+1} - V(x_s)).
+
+An optional ``mask`` [T, B] (True for real steps, a prefix of each column) handles rollouts
+cut short and padded to T: rho_s and c_s are zero at padded steps, so there v_s = V(x_s) and
+the advantage is 0, and the last real step bootstraps from V(x_{s+1}), the value of the
+frame at the cut, exactly as if V-trace ran on the short column with that bootstrap value.
 """
 
 import collections
@@ -54,11 +59,14 @@ def from_logits(
     bootstrap_value: torch.Tensor,
     clip_rho_threshold: Threshold = 1.0,
     clip_pg_rho_threshold: Threshold = 1.0,
+    *,
+    mask: torch.Tensor | None = None,
 ) -> VTraceFromLogitsReturns:
     """V-trace targets from behaviour (mu) and target (pi) policy logits.
 
     behavior_policy_logits, target_policy_logits: [T, B, A]; actions: [T, B];
-    discounts, rewards, values: [T, B]; bootstrap_value: [B].
+    discounts, rewards, values: [T, B]; bootstrap_value: [B]; mask: None or [T, B] bool or
+    float, True (1) for real steps (see the module docstring).
     Returns vs and pg_advantages [T, B] plus the log-probabilities and log_rhos [T, B].
     """
     target_action_log_probs = action_log_probs(target_policy_logits, actions)  # [T, B]
@@ -72,6 +80,7 @@ def from_logits(
         bootstrap_value=bootstrap_value,
         clip_rho_threshold=clip_rho_threshold,
         clip_pg_rho_threshold=clip_pg_rho_threshold,
+        mask=mask,
     )
     return VTraceFromLogitsReturns(
         log_rhos=log_rhos,
@@ -90,16 +99,26 @@ def from_importance_weights(
     bootstrap_value: torch.Tensor,
     clip_rho_threshold: Threshold = 1.0,
     clip_pg_rho_threshold: Threshold = 1.0,
+    *,
+    mask: torch.Tensor | None = None,
 ) -> VTraceReturns:
     """V-trace targets from log importance weights log(pi(a|x) / mu(a|x)).
 
     log_rhos, discounts, rewards, values: [T, B, ...]; bootstrap_value: [B, ...].
-    A threshold of None disables that clipping. Returns vs and pg_advantages [T, B, ...],
-    computed without gradient.
+    A threshold of None disables that clipping. mask: None or [T, B] (or [T, B, ...]) bool
+    or float, True (1) for real steps; padded steps get vs = values and pg_advantages = 0.
+    Returns vs and pg_advantages [T, B, ...], computed without gradient.
     """
     rhos = torch.exp(log_rhos)  # [T, B, ...]
     clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)
     cs = rhos.clamp(max=1.0)  # [T, B, ...] truncated traces
+    if mask is not None:
+        # In the dtype of rhos so that a float64 mask does not promote float32 results.
+        mask = mask.to(rhos.dtype)
+        mask = mask.reshape(*mask.shape, *(1,) * (rhos.dim() - mask.dim()))  # [T, B, 1...]
+        # Zero weights and traces at padded steps: nothing there reaches the real prefix.
+        clipped_rhos = clipped_rhos * mask
+        cs = cs * mask
 
     values_t_plus_1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)])  # [T, B, ...]
     deltas = clipped_rhos * (rewards + discounts * values_t_plus_1 - values)  # [T, B, ...]
@@ -116,5 +135,7 @@ def from_importance_weights(
     clipped_pg_rhos = (
         rhos if clip_pg_rho_threshold is None else rhos.clamp(max=clip_pg_rho_threshold)
     )
+    if mask is not None:
+        clipped_pg_rhos = clipped_pg_rhos * mask
     pg_advantages = clipped_pg_rhos * (rewards + discounts * vs_t_plus_1 - values)  # [T, B, ...]
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages)

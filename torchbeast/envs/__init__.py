@@ -21,7 +21,7 @@ import importlib
 import gymnasium as gym
 import numpy as np
 
-from torchbeast.core.rollout import EnvSpec
+from torchbeast.core.spec import EnvSpec
 
 ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
 LIST_IDS_HINT = "list valid ids with: python -m torchbeast.envs"

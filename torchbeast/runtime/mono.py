@@ -37,20 +37,15 @@ from torch import nn
 
 from torchbeast import envs
 from torchbeast.core import checkpoint, rollout
-from torchbeast.core.filewriter import FileWriter, setup_console_logging
-from torchbeast.core.learner import Learner, NonFiniteLossError
-from torchbeast.core.models import count_parameters, create_model, model_config
+from torchbeast.core.filewriter import setup_console_logging
+from torchbeast.core.models import create_model, model_config
+from torchbeast.runtime.training import Trainer
 
 log = logging.getLogger("torchbeast")
 
-PROGRESS_INTERVAL_S = 5.0
 ACTOR_STOP_TIMEOUT_S = 5.0
 MAX_DEATHS_PER_MINUTE_PER_ACTOR = 3
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on; the message names the cause."""
 
 
 # --------------------------------------------------------------------------- weights
@@ -433,186 +428,24 @@ class ActorPool:
 # --------------------------------------------------------------------------- training
 
 
-class Trainer:
-    """Wires learner, actors, logging and checkpoints together for one training run."""
+class MonoTrainer(Trainer):
+    """Training with actor processes that share memory with the learner."""
 
     def __init__(self, flags: argparse.Namespace):
-        self.flags = flags
-        self.env_spec = envs.env_spec(flags)
-        self.config = model_config(flags, self.env_spec.observation_shape)
-        use_cuda = torch.cuda.is_available() and not flags.disable_cuda
-        self.device = torch.device("cuda" if use_cuda else "cpu")
-        if flags.seed is not None:
-            torch.manual_seed(flags.seed)
-        model = create_model(
-            self.config, self.env_spec.observation_shape, self.env_spec.num_actions
-        )
-        self.weights = SharedWeights(model)
-        self.learner = Learner(flags, model.to(self.device), on_update=self.weights.publish)
-        self.checkpoint_path = os.path.join(flags.savedir, flags.xpid, "model.tar")
-        self.stop_requested = threading.Event()
-        self.failure: BaseException | None = None
-        self.stats_lock = threading.Lock()
-        self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
-        self.last_stats: dict = {}
-        self.learn_seconds = 0.0
-        self.learn_steps = 0
-        self.pool: ActorPool | None = None
+        super().__init__(flags, envs.env_spec(flags))
+        self.weights = SharedWeights(self.learner.model)
 
-    def resume_if_possible(self) -> bool:
-        """Loads model.tar of this xpid if there is one; refuses one of another run."""
-        if not os.path.exists(self.checkpoint_path):
-            return False
-        state = checkpoint.load(self.checkpoint_path, map_location=self.device)
-        checkpoint.check_compatible(state, self.flags.env, self.config, self.checkpoint_path)
-        self.learner.load_state_dict(state)
-        return True
-
-    def save_checkpoint(self) -> None:
-        if self.flags.disable_checkpoint:
-            return
-        with self.learner.lock:
-            state = self.learner.state_dict()
-            state.update(
-                flags=vars(self.flags).copy(), env=self.flags.env, model_config=self.config
-            )
-            log.info("Saving checkpoint to %s (step %d)", self.checkpoint_path, self.learner.step)
-            checkpoint.save(self.checkpoint_path, state)
-
-    def learner_thread(self, pool: ActorPool, writer: FileWriter) -> None:
-        try:
-            while self.learner.step < self.flags.total_steps and not self.stop_requested.is_set():
-                got = pool.get_batch(self.device)
-                if got is None:
-                    return
-                batch, core_state, _ = got
-                episode_returns = batch["episode_return"][1:][batch["episode_end"][1:]]
-                # Updates are serialised anyway; logging inside keeps logs.csv in step order.
-                with self.stats_lock:
-                    start = time.perf_counter()
-                    stats = self.learner.learn(batch, core_state)
-                    elapsed = time.perf_counter() - start
-                    self.learn_seconds += elapsed
-                    self.learn_steps += self.flags.unroll_length * self.flags.batch_size
-                    self.recent_returns.extend(episode_returns.tolist())
-                    self.last_stats = stats
-                    writer.log(stats)
-        except BaseException as error:  # surfaced by the main thread, not swallowed
-            self.failure = error
-            self.stop_requested.set()
-
-    def train(self) -> dict:
-        flags = self.flags
-        resumed = self.resume_if_possible()  # before any file of the run is touched
-        writer = FileWriter(flags)
-        if resumed:
-            log.info("Resuming from %s at step %d.", self.checkpoint_path, self.learner.step)
-        log.info(
-            "Training %s on %s: %s model, %d parameters, learner on %s.",
-            flags.xpid,
-            flags.env,
-            self.config["kind"],
-            count_parameters(self.learner.model),
-            self.device,
-        )
-        if self.learner.step >= flags.total_steps:
-            log.info(
-                "Already trained to %d steps (--total_steps %d).",
-                self.learner.step,
-                flags.total_steps,
-            )
-            writer.close()
-            return self.last_stats
-
+    def create_pool(self) -> ActorPool:
         self.weights.publish(self.learner.model)
-        pool = self.pool = ActorPool(flags, self.env_spec, self.config, self.weights)
+        return ActorPool(self.flags, self.env_spec, self.config, self.weights)
 
-        def request_stop(*_) -> None:
-            self.stop_requested.set()
-            pool.stopping.set()
-
-        previous_handler = signal.signal(signal.SIGTERM, request_stop)
-        threads: list[threading.Thread] = []
-        try:
-            pool.start()
-            threads = [
-                threading.Thread(target=self.learner_thread, args=(pool, writer), name=f"learn-{i}")
-                for i in range(flags.num_learner_threads)
-            ]
-            for thread in threads:
-                thread.start()
-            self.monitor(pool, threads)
-        except KeyboardInterrupt:
-            log.info("Interrupted: saving a checkpoint and stopping the actors.")
-        finally:
-            # A second Ctrl-C must not cost the checkpoint.
-            previous_interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
-            request_stop()
-            for thread in threads:
-                thread.join()
-            self.save_checkpoint()
-            pool.stop()
-            signal.signal(signal.SIGTERM, previous_handler)
-            signal.signal(signal.SIGINT, previous_interrupt)
-            successful = (
-                self.learner.step >= flags.total_steps
-                and self.failure is None
-                and pool.error is None
-            )
-            if successful:
-                log.info("Learning finished after %d steps.", self.learner.step)
-            elif self.failure is None and pool.error is None:
-                log.info("Stopped at step %d.", self.learner.step)
-            writer.close(successful)
-        if pool.error is not None:
-            raise TrainingError(pool.error)
-        if isinstance(self.failure, NonFiniteLossError):
-            raise TrainingError(
-                f"stopped: {self.failure}. The checkpoint keeps the last good weights."
-            )
-        if self.failure is not None:
-            raise self.failure
-        return self.last_stats
-
-    def monitor(self, pool: ActorPool, threads: list[threading.Thread]) -> None:
-        """Prints progress, checkpoints on time, and returns when training should end."""
-        last_checkpoint = time.monotonic()
-        last_time, last_step = time.monotonic(), self.learner.step
-        while any(t.is_alive() for t in threads) and not self.stop_requested.is_set():
-            if pool.error is not None or pool.stopping.is_set():
-                return
-            time.sleep(min(PROGRESS_INTERVAL_S, 0.2))
-            now = time.monotonic()
-            if now - last_time >= PROGRESS_INTERVAL_S:
-                step = self.learner.step
-                sps = (step - last_step) / (now - last_time)
-                self.print_progress(step, sps)
-                last_time, last_step = now, step
-            if now - last_checkpoint >= self.flags.checkpoint_interval:
-                self.save_checkpoint()
-                last_checkpoint = now
-
-    def print_progress(self, step: int, sps: float) -> None:
-        with self.stats_lock:
-            stats = dict(self.last_stats)
-            returns = list(self.recent_returns)
-        if not stats:
-            log.info("Steps %d: waiting for the first batch from the actors.", step)
-            return
-        mean_return = f"{np.mean(returns):.1f}" if returns else "n/a"
-        log.info(
-            "Steps %d @ %.1f SPS. Loss %.4g. Mean return (last %d episodes) %s.",
-            step,
-            sps,
-            stats["total_loss"],
-            len(returns),
-            mean_return,
-        )
+    def publish(self, model: nn.Module) -> None:
+        self.weights.publish(model)
 
 
 def train(flags: argparse.Namespace) -> dict:
     setup_console_logging()
-    return Trainer(flags).train()
+    return MonoTrainer(flags).train()
 
 
 # --------------------------------------------------------------------------- test

@@ -1,0 +1,1 @@
+"""PolyBeast: environments and the learner as gRPC peers (see polybeast.proto)."""

@@ -1,0 +1,156 @@
+"""Arrays to and from protobuf: raw bytes with an explicit dtype and shape, never pickle.
+
+Everything that arrives from a peer is checked here: the dtype against a whitelist, the
+shape and byte count against the spec from the peer's Hello, and the message size
+against a limit. A message that fails a check raises ``ProtocolError``; the stream that
+carried it is closed with INVALID_ARGUMENT and training goes on with the others.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime.poly import polybeast_pb2 as pb
+
+PROTOCOL_VERSION = 1
+DTYPES = frozenset(("uint8", "int8", "int16", "int32", "int64", "float32", "bool"))
+MAX_OBSERVATION_BYTES = 64 << 20  # a Hello announcing more is refused
+STEP_OVERHEAD_BYTES = 1024  # room for a Step's scalar fields and framing
+
+
+class ProtocolError(ValueError):
+    """A peer sent a message that does not follow the protocol; the message says how."""
+
+
+def _little_endian(name: str) -> np.dtype:
+    if name not in DTYPES:
+        raise ProtocolError(f"dtype {name!r} is not allowed (allowed: {', '.join(sorted(DTYPES))})")
+    return np.dtype(name).newbyteorder("<")
+
+
+def encode_array(array: np.ndarray) -> pb.NDArray:
+    array = np.ascontiguousarray(array, dtype=_little_endian(array.dtype.name))
+    return pb.NDArray(dtype=array.dtype.name, shape=array.shape, data=array.tobytes())
+
+
+def decode_array(
+    message: pb.NDArray, shape: tuple[int, ...] | None = None, dtype: np.dtype | None = None
+) -> np.ndarray:
+    """A read-only view of the message's bytes, checked against ``shape`` and ``dtype``."""
+    received_dtype = _little_endian(message.dtype)
+    received_shape = tuple(message.shape)
+    if dtype is not None and received_dtype.name != np.dtype(dtype).name:
+        raise ProtocolError(f"dtype {message.dtype} does not match the expected {dtype}")
+    if shape is not None and received_shape != tuple(shape):
+        raise ProtocolError(
+            f"shape {list(received_shape)} does not match the expected {list(shape)}"
+        )
+    if any(size < 0 for size in received_shape):
+        raise ProtocolError(f"shape {list(received_shape)} has a negative size")
+    expected_bytes = math.prod(received_shape) * received_dtype.itemsize
+    if len(message.data) != expected_bytes:
+        raise ProtocolError(
+            f"array of shape {list(received_shape)} and dtype {message.dtype} needs "
+            f"{expected_bytes} bytes, got {len(message.data)}"
+        )
+    return np.frombuffer(message.data, dtype=received_dtype).reshape(received_shape)
+
+
+def encode_nest(nest) -> pb.ArrayNest:
+    """An array, a list/tuple of nests, or a dict of nests."""
+    if isinstance(nest, dict):
+        return pb.ArrayNest(map={key: encode_nest(value) for key, value in nest.items()})
+    if isinstance(nest, list | tuple):
+        return pb.ArrayNest(vector=[encode_nest(value) for value in nest])
+    return pb.ArrayNest(array=encode_array(np.asarray(nest)))
+
+
+def decode_nest(message: pb.ArrayNest):
+    if message.HasField("array"):
+        return decode_array(message.array)
+    if message.map:
+        return {key: decode_nest(value) for key, value in message.map.items()}
+    return [decode_nest(value) for value in message.vector]
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def hello(client_id: str, spec: EnvSpec) -> pb.EnvMessage:
+    observation_spec = pb.NDArray(
+        dtype=np.dtype(spec.observation_dtype).name, shape=spec.observation_shape
+    )
+    return pb.EnvMessage(
+        hello=pb.Hello(
+            client_id=client_id,
+            env_id=spec.env_id,
+            observation_spec=observation_spec,
+            num_actions=spec.num_actions,
+            protocol_version=PROTOCOL_VERSION,
+        )
+    )
+
+
+def read_hello(message: pb.EnvMessage) -> tuple[str, EnvSpec]:
+    """The client id and env spec of a stream's first message."""
+    if message.WhichOneof("kind") != "hello":
+        raise ProtocolError("the first message of a stream must be a Hello")
+    hello = message.hello
+    if hello.protocol_version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"protocol version {hello.protocol_version} is not {PROTOCOL_VERSION}: "
+            "run the same torchbeast version on both sides"
+        )
+    dtype = _little_endian(hello.observation_spec.dtype)
+    shape = tuple(int(size) for size in hello.observation_spec.shape)
+    if any(size <= 0 for size in shape):
+        raise ProtocolError(f"observation shape {list(shape)} has a size below 1")
+    if math.prod(shape) * dtype.itemsize > MAX_OBSERVATION_BYTES:
+        raise ProtocolError(f"observations of shape {list(shape)} are too large")
+    if hello.num_actions <= 0:
+        raise ProtocolError(f"num_actions {hello.num_actions} must be positive")
+    if len(hello.client_id) > 200 or not hello.env_id:
+        raise ProtocolError("a Hello needs an env_id and a client_id of at most 200 characters")
+    spec = EnvSpec(hello.env_id, shape, np.dtype(dtype.name), int(hello.num_actions))
+    return hello.client_id, spec
+
+
+def max_step_bytes(spec: EnvSpec) -> int:
+    """The largest serialized Step a peer with this spec can need."""
+    observation = math.prod(spec.observation_shape) * spec.observation_dtype.itemsize
+    return observation + STEP_OVERHEAD_BYTES
+
+
+def step_message(step: dict[str, np.ndarray], index: int = 0) -> pb.EnvMessage:
+    """Entry ``index`` of a batched env step (``create_env``'s dict of [N, ...] arrays)."""
+    return pb.EnvMessage(
+        step=pb.Step(
+            observation=pb.ArrayNest(array=encode_array(step["frame"][index])),
+            reward=float(step["reward"][index]),
+            done=bool(step["done"][index]),
+            episode_end=bool(step["episode_end"][index]),
+            episode_return=float(step["episode_return"][index]),
+            episode_step=int(step["episode_step"][index]),
+        )
+    )
+
+
+def read_step(message: pb.EnvMessage, spec: EnvSpec, size_limit: int) -> tuple[pb.Step, np.ndarray]:
+    """The Step and its observation (a read-only view), checked against ``spec``."""
+    size = message.ByteSize()
+    if size > size_limit:
+        raise ProtocolError(f"a message of {size} bytes exceeds the limit of {size_limit}")
+    if message.WhichOneof("kind") != "step":
+        raise ProtocolError("expected a Step after the Hello")
+    step = message.step
+    if not step.observation.HasField("array"):
+        raise ProtocolError("a Step's observation must be one array")
+    observation = decode_array(
+        step.observation.array, spec.observation_shape, spec.observation_dtype
+    )
+    if not (math.isfinite(step.reward) and math.isfinite(step.episode_return)):
+        raise ProtocolError("a Step's reward and episode_return must be finite")
+    return step, observation
