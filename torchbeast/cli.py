@@ -12,10 +12,17 @@ import torch
 from torchbeast.core.checkpoint import CheckpointError
 from torchbeast.core.flags import parse_flags
 from torchbeast.envs import EnvError
+from torchbeast.runtime.poly.network import NetworkError
 from torchbeast.runtime.training import TrainingError
 
 # gym's DependencyNotInstalled: e.g. --mode test_render of CartPole without pygame.
-USER_ERRORS = (EnvError, CheckpointError, TrainingError, gym.error.DependencyNotInstalled)
+USER_ERRORS = (
+    EnvError,
+    CheckpointError,
+    TrainingError,
+    NetworkError,
+    gym.error.DependencyNotInstalled,
+)
 
 
 def report_errors(body: Callable[[], object]) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import ctypes
 import dataclasses
 import logging
 import multiprocessing as mp
@@ -39,6 +38,7 @@ from torchbeast import envs
 from torchbeast.core import checkpoint, rollout
 from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.models import create_model, model_config
+from torchbeast.runtime.processes import die_with_parent
 from torchbeast.runtime.training import Trainer
 
 log = logging.getLogger("torchbeast")
@@ -97,15 +97,6 @@ class SharedWeights:
 # --------------------------------------------------------------------------- actor
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to kill this process when the learner dies (belt and braces)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 @dataclasses.dataclass
 class ActorShared:
     """What every actor process receives: settings and the shared-memory tensors."""
@@ -127,7 +118,7 @@ def actor_process(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked while it started
-    _die_with_parent()
+    die_with_parent()
     torch.set_num_threads(1)
     try:
         run_actor(actor_index, incarnation, shared, conn)

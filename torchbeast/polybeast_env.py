@@ -1,0 +1,26 @@
+"""PolyBeast environments: env servers the learner dials, or env clients that dial it.
+
+python -m torchbeast.polybeast_env --num_servers 10                 # serve unix:/tmp/polybeast.N
+python -m torchbeast.polybeast_env --connect unix:/tmp/learner --num_servers 2 --envs_per_server 8
+"""
+
+from __future__ import annotations
+
+import sys
+
+from torchbeast.envs import EnvError
+from torchbeast.runtime.poly.env_side import run_processes
+from torchbeast.runtime.poly.trainer import make_env_parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    flags = make_env_parser().parse_args(argv)
+    try:
+        return run_processes(flags)
+    except EnvError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

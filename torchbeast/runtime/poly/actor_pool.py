@@ -1,0 +1,436 @@
+"""The learner side of PolyBeast: env streams in, batched inference, rollouts out.
+
+    env stream (one thread each)          learner
+    ----------------------------          -------
+    Hello -> spec checked                 DynamicBatcher: one forward pass for all
+    Step  -> written into its rollout       streams waiting, on the learner's device
+    ask the batcher for an action  <--->  RolloutQueue (bounded): learner threads
+    every T steps: rollout -> queue         stack B rollouts to [T+1, B, ...]
+
+Classic mode dials ``num_actors`` streams over the env servers' addresses and redials a
+dead server with backoff. Inverted mode (``--serve ADDRESS``) serves any number of env
+clients up to ``--max_clients``. A stream that ends before its rollout is full (a client
+that left, a server that died) still delivers what it sent: padded to T+1 with a mask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import torch
+from torch import nn
+
+from torchbeast.core import rollout
+from torchbeast.core.models import CoreState, create_model
+from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime.poly import codec, network
+from torchbeast.runtime.poly import polybeast_pb2 as pb
+from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
+from torchbeast.runtime.poly.batching import Closed, DynamicBatcher, RolloutQueue
+from torchbeast.runtime.poly.env_side import server_addresses
+
+log = logging.getLogger("torchbeast")
+
+MAX_BACKOFF_S = 5.0
+NO_ENVS_NOTICE_S = 10.0
+
+
+class SpecMismatch(ValueError):
+    """An environment's spec differs from the one this learner trains on."""
+
+
+Rollout = tuple[dict[str, torch.Tensor], CoreState]  # [T+1, ...] incl. "mask"; [layers, 1, H]
+
+
+class EpisodeLog:
+    """episodes.csv in the run folder: one row per finished episode, with the client."""
+
+    FIELDS = ("time", "client_id", "episode_return", "episode_step", "end")
+
+    def __init__(self, path: str):
+        new = not os.path.exists(path)
+        self.file = open(path, "a", newline="")  # noqa: SIM115 (closed in close())
+        self.writer = csv.writer(self.file)
+        self.lock = threading.Lock()
+        if new:
+            self.writer.writerow(self.FIELDS)
+
+    def write(self, client_id: str, episode_return: float, episode_step: int, end: str) -> None:
+        with self.lock:
+            self.writer.writerow(
+                (f"{time.time():.3f}", client_id, episode_return, episode_step, end)
+            )
+            self.file.flush()
+
+    def close(self) -> None:
+        with self.lock:
+            self.file.close()
+
+
+class PolyActorPool:
+    """Env streams on one side, the learner's ``get_batch`` on the other."""
+
+    def __init__(self, flags: argparse.Namespace):
+        self.flags = flags
+        self.spec: EnvSpec | None = None
+        self.spec_known = threading.Event()
+        self.model_ready = threading.Event()
+        self.stopping = threading.Event()
+        self.error: str | None = None
+        self.queue: RolloutQueue[Rollout] = RolloutQueue(flags.max_learner_queue_size)
+        self.lock = threading.Lock()
+        self.connected: set[str] = set()
+        self.last_connected = time.monotonic()
+        self.server: grpc.Server | None = None
+        self.port: int | None = None
+        self.threads: list[threading.Thread] = []
+        self.channels: list[grpc.Channel] = []
+        self.batcher: DynamicBatcher | None = None
+        self.inference_model: nn.Module | None = None
+        self.inference_lock = threading.Lock()
+        self.device = torch.device("cpu")
+        self.episodes: EpisodeLog | None = None
+        self.steps_received = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def listen(self) -> None:
+        """Starts serving (inverted) or dialling (classic); streams wait for the model."""
+        flags = self.flags
+        if flags.serve:
+            self.server, self.port = network.create_server(flags, flags.serve, flags.max_clients)
+            pb_grpc.add_LearnerServicer_to_server(LearnerServicer(self), self.server)
+            self.server.start()
+            log.info("Learner serving env clients on %s.", flags.serve)
+        else:
+            addresses = server_addresses(flags)
+            for index in range(flags.num_actors):
+                address = addresses[index % len(addresses)]
+                thread = threading.Thread(
+                    target=self._dial, args=(address, index), name=f"dial-{index}", daemon=True
+                )
+                self.threads.append(thread)
+                thread.start()
+            log.info("Dialling %d env streams over %s.", flags.num_actors, ", ".join(addresses))
+
+    def wait_for_spec(self) -> EnvSpec:
+        """Blocks until the first environment says what it is."""
+        where = self.flags.serve or ", ".join(server_addresses(self.flags))
+        if not self.spec_known.wait(2.0):
+            log.info("Waiting for the first environment to connect (%s).", where)
+        while not self.spec_known.wait(0.2):
+            if self.stopping.is_set():
+                raise Closed("stopped before any environment connected")
+        assert self.spec is not None
+        return self.spec
+
+    def attach(self, model: nn.Module, config: dict, run_dir: str) -> None:
+        """Lets streams act with a copy of ``model`` on its device."""
+        assert self.spec is not None
+        self.device = next(model.parameters()).device
+        inference_model = create_model(config, self.spec.observation_shape, self.spec.num_actions)
+        inference_model.load_state_dict(model.state_dict())
+        self.inference_model = inference_model.to(self.device).train()  # train: sample actions
+        self.initial_core_state = tuple(s.cpu() for s in inference_model.initial_state(1))
+        self.episodes = EpisodeLog(os.path.join(run_dir, "episodes.csv"))
+        self.batcher = DynamicBatcher(
+            self._infer,
+            max_batch_size=self.flags.max_inference_batch_size,
+            timeout_s=self.flags.inference_timeout_ms / 1000,
+            num_threads=self.flags.num_inference_threads,
+        )
+        self.model_ready.set()
+        self.monitor = threading.Thread(target=self._watch_connections, daemon=True)
+        self.monitor.start()
+
+    def start(self) -> None:
+        """Nothing to do: streams started in ``listen`` and act once ``attach`` ran."""
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.queue.close()
+        if self.batcher is not None:
+            self.batcher.close()
+        if self.server is not None:
+            self.server.stop(grace=1.0).wait()
+        for channel in list(self.channels):
+            channel.close()
+        for thread in self.threads:
+            thread.join(timeout=5.0)
+        if self.episodes is not None:
+            self.episodes.close()
+
+    def publish(self, model: nn.Module) -> None:
+        """Copies the learner's new weights into the inference model."""
+        if self.inference_model is None:
+            return
+        with self.inference_lock, torch.no_grad():
+            for target, source in zip(
+                self.inference_model.parameters(), model.parameters(), strict=True
+            ):
+                target.copy_(source)
+
+    def num_connected(self) -> int:
+        with self.lock:
+            return len(self.connected)
+
+    # ------------------------------------------------------------------ learner side
+
+    def get_batch(
+        self, device: torch.device
+    ) -> tuple[dict[str, torch.Tensor], CoreState, None] | None:
+        """B rollouts stacked to [T+1, B, ...] (with "mask"), and their initial core states."""
+        items = self.queue.get_batch(self.flags.batch_size)
+        if items is None:
+            return None
+        batch = {
+            key: torch.stack([item[0][key] for item in items], dim=1).to(device, non_blocking=True)
+            for key in items[0][0]
+        }
+        core_state = tuple(
+            torch.cat([item[1][i] for item in items], dim=1).to(device)
+            for i in range(len(items[0][1]))
+        )
+        return batch, core_state, None
+
+    def _infer(self, requests: list[tuple[dict[str, torch.Tensor], CoreState]]) -> list:
+        """One forward pass for many streams: inputs [1, 1, ...] each, batched on dim 1."""
+        inputs = {
+            key: torch.cat([request[0][key] for request in requests], dim=1).to(self.device)
+            for key in requests[0][0]
+        }
+        core_state = tuple(
+            torch.cat([request[1][i] for request in requests], dim=1).to(self.device)
+            for i in range(len(requests[0][1]))
+        )
+        with self.inference_lock, torch.inference_mode():
+            outputs, core_state = self.inference_model(inputs, core_state)
+        outputs = {key: value.cpu() for key, value in outputs.items()}  # [1, N, ...]
+        core_state = tuple(s.cpu() for s in core_state)  # [layers, N, H]
+        return [
+            (
+                {key: value[0, i] for key, value in outputs.items()},
+                tuple(s[:, i : i + 1] for s in core_state),
+            )
+            for i in range(len(requests))
+        ]
+
+    # ------------------------------------------------------------------ streams
+
+    def register(self, client_id: str, spec: EnvSpec) -> None:
+        """The first spec defines the run; later ones must match it."""
+        with self.lock:
+            if self.spec is None:
+                wanted = self.flags.env
+                if wanted and spec.env_id != wanted:
+                    raise SpecMismatch(f"this learner trains on {wanted}, not {spec.env_id}")
+                self.spec = spec
+                self.spec_known.set()
+                log.info(
+                    "First environment %s: %s, observations %s %s, %d actions.",
+                    client_id,
+                    spec.env_id,
+                    spec.observation_dtype,
+                    list(spec.observation_shape),
+                    spec.num_actions,
+                )
+            elif spec != self.spec:
+                raise SpecMismatch(
+                    f"environment {spec.env_id} {list(spec.observation_shape)} with "
+                    f"{spec.num_actions} actions does not match the run's {self.spec.env_id} "
+                    f"{list(self.spec.observation_shape)} with {self.spec.num_actions} actions"
+                )
+            self.connected.add(client_id)
+
+    def serve_env(self, incoming: Iterator[pb.EnvMessage]) -> Iterator[pb.Action]:
+        """Runs one env stream: reads Steps, yields Actions, queues rollouts."""
+        first = next(incoming, None)
+        if first is None:
+            return
+        client_id, spec = codec.read_hello(first)
+        self.register(client_id, spec)
+        try:
+            while not self.model_ready.wait(0.2):
+                if self.stopping.is_set():
+                    return
+            yield from self._act(incoming, client_id, spec)
+        finally:
+            with self.lock:
+                self.connected.discard(client_id)
+                self.last_connected = time.monotonic()
+
+    def _act(
+        self, incoming: Iterator[pb.EnvMessage], client_id: str, spec: EnvSpec
+    ) -> Iterator[pb.Action]:
+        T = self.flags.unroll_length
+        size_limit = codec.max_step_bytes(spec)
+        storage = rollout.allocate(spec, T, 1)
+        buffers = {key: value[0] for key, value in storage.items()}  # [T+1, ...]
+        core_state = initial_core_state = self.initial_core_state
+        t = 0
+
+        frames = buffers["frame"].numpy()  # a view: one copy from the message's bytes
+
+        def write_step(message: pb.EnvMessage, index: int) -> pb.Step:
+            step, observation = codec.read_step(message, spec, size_limit)
+            frames[index] = observation
+            buffers["reward"][index] = step.reward
+            buffers["done"][index] = step.done
+            buffers["episode_end"][index] = step.episode_end
+            buffers["episode_return"][index] = step.episode_return
+            buffers["episode_step"][index] = step.episode_step
+            return step
+
+        first = next(incoming, None)
+        if first is None:
+            return
+        write_step(first, 0)
+        try:
+            while True:
+                env_inputs = {key: buffers[key][t : t + 1].unsqueeze(1) for key in rollout.ENV_KEYS}
+                agent_output, core_state = self.batcher.compute((env_inputs, core_state))
+                action = int(agent_output["action"])
+                yield pb.Action(action=action)
+                message = next(incoming, None)
+                if message is None:
+                    break
+                t += 1
+                step = write_step(message, t)
+                buffers["last_action"][t] = action
+                for key in rollout.AGENT_KEYS:
+                    buffers[key][t] = agent_output[key]
+                if step.episode_end:
+                    self.episodes.write(client_id, step.episode_return, step.episode_step, "game")
+                if t == T:
+                    self.queue.put(self._finished(buffers, T, initial_core_state))
+                    with self.lock:
+                        self.steps_received += T
+                    for value in buffers.values():
+                        value[0] = value[T]
+                    initial_core_state, t = core_state, 0
+        except grpc.RpcError:
+            pass  # the peer went away: a disconnect, handled below like a clean end
+        finally:
+            if t > 0 and not self.stopping.is_set():
+                # What the stream sent is still learned from: a partial rollout.
+                last = int(buffers["episode_step"][t])
+                if not buffers["episode_end"][t]:
+                    self.episodes.write(
+                        client_id, float(buffers["episode_return"][t]), last, "disconnect"
+                    )
+                try:
+                    self.queue.put(self._finished(buffers, t, initial_core_state))
+                    with self.lock:
+                        self.steps_received += t
+                except Closed:
+                    pass
+
+    @staticmethod
+    def _finished(buffers: dict[str, torch.Tensor], length: int, core_state: CoreState) -> Rollout:
+        """A copy of the rollout's first ``length`` + 1 steps, zero-padded to T+1, masked."""
+        T1 = buffers["frame"].shape[0]
+        copy = {key: torch.zeros_like(value) for key, value in buffers.items()}
+        for key, value in buffers.items():
+            copy[key][: length + 1] = value[: length + 1]
+        mask = torch.zeros(T1, dtype=torch.bool)
+        mask[: length + 1] = True
+        copy["mask"] = mask
+        return copy, core_state
+
+    def _dial(self, address: str, index: int) -> None:
+        """Classic mode: keeps one stream open to an env server, redialling with backoff."""
+        backoff = 0.1
+        metadata = network.call_metadata(self.flags)
+        channel = network.create_channel(self.flags, address)
+        with self.lock:
+            self.channels.append(channel)
+        stub = pb_grpc.EnvServerStub(channel)
+        for attempt in itertools.count():
+            if self.stopping.is_set():
+                return
+            requests = _Outbox()
+            call = stub.StreamEnv(iter(requests), metadata=metadata)
+            try:
+                for action in self.serve_env(call):
+                    requests.put(action)
+                backoff = 0.1
+            except grpc.RpcError as error:
+                if self.stopping.is_set():
+                    return
+                code = error.code()
+                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    self.error = f"env server {address} refused the learner: {error.details()}"
+                    self.stopping.set()
+                    return
+                if backoff == 0.1:
+                    log.warning("Env server %s: %s; redialling.", address, code.name)
+            except (codec.ProtocolError, SpecMismatch) as error:
+                log.warning("Env server %s sent a bad stream (%s); redialling.", address, error)
+            except Closed:
+                return
+            finally:
+                requests.close()
+                call.cancel()
+            if self.stopping.wait(backoff):
+                return
+            backoff = min(2 * backoff, MAX_BACKOFF_S)
+            if attempt and attempt % 20 == 0:
+                log.info("Still redialling env server %s.", address)
+
+    def _watch_connections(self) -> None:
+        """Says once when no environment is left, instead of waiting silently."""
+        said = False
+        while not self.stopping.wait(1.0):
+            with self.lock:
+                empty = not self.connected
+                since = time.monotonic() - self.last_connected
+            if empty and since > NO_ENVS_NOTICE_S and not said:
+                where = self.flags.serve or ", ".join(server_addresses(self.flags))
+                log.warning("No environments connected; waiting for them (%s).", where)
+                said = True
+            elif not empty:
+                said = False
+
+
+class _Outbox:
+    """The request side of a client stream: what the learner puts, gRPC sends."""
+
+    def __init__(self):
+        self.items: queue.Queue = queue.Queue()
+
+    def put(self, item) -> None:
+        self.items.put(item)
+
+    def close(self) -> None:
+        self.items.put(None)
+
+    def __iter__(self):
+        return iter(self.items.get, None)
+
+
+class LearnerServicer(pb_grpc.LearnerServicer):
+    """Inverted mode: env clients dial the learner."""
+
+    def __init__(self, pool: PolyActorPool):
+        self.pool = pool
+
+    def ConnectEnv(self, request_iterator, context):  # noqa: N802 (gRPC's name)
+        try:
+            yield from self.pool.serve_env(request_iterator)
+        except codec.ProtocolError as error:
+            log.warning("Closing a stream from %s: %s", context.peer(), error)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except SpecMismatch as error:
+            log.warning("Refused a stream from %s: %s", context.peer(), error)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        except Closed:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is stopping")

@@ -1,0 +1,164 @@
+"""Two meeting points between many env streams and one learner.
+
+``DynamicBatcher``: stream threads each ask for one inference; worker threads run one
+forward pass for whatever requests are waiting (up to ``max_batch_size``, waiting at most
+``timeout_s`` for more) and hand every caller its own slice back.
+
+``RolloutQueue``: stream threads put finished rollouts into a bounded queue (a full queue
+makes them wait: backpressure up to the environments); learner threads take B at a time.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+POLL_S = 0.1
+
+
+class Closed(RuntimeError):
+    """The batcher or queue was closed while a caller waited on it."""
+
+
+class _Request(Generic[In, Out]):
+    __slots__ = ("payload", "done", "result", "error")
+
+    def __init__(self, payload: In):
+        self.payload = payload
+        self.done = threading.Event()
+        self.result: Out | None = None
+        self.error: BaseException | None = None
+
+
+class DynamicBatcher(Generic[In, Out]):
+    """Calls ``compute(list of payloads) -> list of results`` on batches of requests.
+
+    An exception raised by ``compute`` reaches every caller of that batch.
+    """
+
+    def __init__(
+        self,
+        compute: Callable[[list[In]], Sequence[Out]],
+        max_batch_size: int,
+        timeout_s: float,
+        num_threads: int = 1,
+    ):
+        self.compute_batch = compute
+        self.max_batch_size = max_batch_size
+        self.timeout_s = timeout_s
+        self.pending: collections.deque[_Request[In, Out]] = collections.deque()
+        self.condition = threading.Condition()
+        self.closed = False
+        self.batch_sizes: collections.Counter[int] = collections.Counter()
+        self.threads = [
+            threading.Thread(target=self._work, name=f"inference-{i}", daemon=True)
+            for i in range(num_threads)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def compute(self, payload: In) -> Out:
+        """Blocks until the batch holding ``payload`` has been computed."""
+        request: _Request[In, Out] = _Request(payload)
+        with self.condition:
+            if self.closed:
+                raise Closed("the inference batcher is closed")
+            self.pending.append(request)
+            self.condition.notify()
+        request.done.wait()
+        if request.error is not None:
+            raise request.error
+        return request.result  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Fails the requests still waiting and stops the workers."""
+        with self.condition:
+            self.closed = True
+            waiting = list(self.pending)
+            self.pending.clear()
+            self.condition.notify_all()
+        for request in waiting:
+            request.error = Closed("the inference batcher is closed")
+            request.done.set()
+        for thread in self.threads:
+            thread.join()
+
+    def _next_batch(self) -> list[_Request[In, Out]] | None:
+        with self.condition:
+            while not self.pending and not self.closed:
+                self.condition.wait()
+            if self.closed:
+                return None
+            deadline = time.monotonic() + self.timeout_s
+            while len(self.pending) < self.max_batch_size and not self.closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self.condition.wait(remaining)
+            count = min(len(self.pending), self.max_batch_size)
+            return [self.pending.popleft() for _ in range(count)]
+
+    def _work(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            if not batch:
+                continue  # another worker took them
+            self.batch_sizes[len(batch)] += 1
+            try:
+                results = self.compute_batch([request.payload for request in batch])
+                if len(results) != len(batch):
+                    raise RuntimeError(
+                        f"inference returned {len(results)} results for {len(batch)} requests"
+                    )
+            except BaseException as error:
+                for request in batch:
+                    request.error = error
+            else:
+                for request, result in zip(batch, results, strict=True):
+                    request.result = result
+            for request in batch:
+                request.done.set()
+
+
+class RolloutQueue(Generic[In]):
+    """A bounded queue that learner threads drain ``batch_size`` items at a time."""
+
+    def __init__(self, maxsize: int):
+        self.items: queue.Queue[In] = queue.Queue(maxsize)
+        self.batch_lock = threading.Lock()  # one learner thread assembles a batch at a time
+        self.closed = threading.Event()
+
+    def put(self, item: In) -> None:
+        """Waits while the queue is full; raises ``Closed`` if it closes meanwhile."""
+        while not self.closed.is_set():
+            try:
+                self.items.put(item, timeout=POLL_S)
+                return
+            except queue.Full:
+                continue
+        raise Closed("the learner queue is closed")
+
+    def get_batch(self, batch_size: int) -> list[In] | None:
+        """``batch_size`` items in arrival order, or None once closed."""
+        with self.batch_lock:
+            batch: list[In] = []
+            while len(batch) < batch_size:
+                if self.closed.is_set():
+                    return None
+                try:
+                    batch.append(self.items.get(timeout=POLL_S))
+                except queue.Empty:
+                    continue
+            return batch
+
+    def qsize(self) -> int:
+        return self.items.qsize()
+
+    def close(self) -> None:
+        self.closed.set()

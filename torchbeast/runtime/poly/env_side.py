@@ -1,0 +1,257 @@
+"""The environment side of PolyBeast: env servers (classic) and env clients (inverted).
+
+Either way one stream carries one environment: it sends a Hello and its first frame,
+then answers every Action with one Step. Classic: the learner dials an env server, which
+starts a fresh environment for each stream. Inverted: an env client dials the learner
+and redials with backoff when the learner goes away (a new stream is a new episode).
+
+This side never imports torch: env machines need only the environments and gRPC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+
+from torchbeast import envs
+from torchbeast.runtime.poly import codec, network
+from torchbeast.runtime.poly import polybeast_pb2 as pb
+from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
+from torchbeast.runtime.processes import die_with_parent
+
+log = logging.getLogger("torchbeast")
+
+MAX_BACKOFF_S = 5.0
+# A client that hears one of these will not be let in by trying again.
+FATAL_CODES = (
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.UNIMPLEMENTED,
+)
+
+
+def env_session(
+    flags: argparse.Namespace,
+    client_id: str,
+    actions: Iterator[pb.Action],
+    seed: int | None = None,
+    max_steps: int = 0,
+) -> Iterator[pb.EnvMessage]:
+    """Hello, the first frame, then one Step per Action; stops after ``max_steps`` if set."""
+    env = envs.create_env(flags, num_envs=1, num_threads=1)
+    try:
+        num_actions = env.spec.num_actions
+        yield codec.hello(client_id, env.spec)
+        yield codec.step_message(env.reset(seed=seed))
+        for steps, message in enumerate(actions, start=1):
+            if not 0 <= message.action < num_actions:
+                raise codec.ProtocolError(f"action {message.action} is outside [0, {num_actions})")
+            yield codec.step_message(env.step(np.array([message.action])))
+            if steps == max_steps:
+                return
+    finally:
+        env.close()
+
+
+# --------------------------------------------------------------------------- classic
+
+
+class EnvServicer(pb_grpc.EnvServerServicer):
+    """Serves a fresh environment on every stream the learner opens."""
+
+    def __init__(self, flags: argparse.Namespace, address: str, server_index: int):
+        self.flags = flags
+        self.address = address
+        self.server_index = server_index
+        self.counter = itertools.count()
+
+    def StreamEnv(self, request_iterator, context):  # noqa: N802 (gRPC's name)
+        stream_index = next(self.counter)
+        seed = None
+        if self.flags.seed is not None:
+            seed = self.flags.seed * 100_003 + self.server_index * 10_007 + stream_index
+        client_id = f"{socket.gethostname()}:{self.address}#{stream_index}"
+        try:
+            yield from env_session(self.flags, client_id, request_iterator, seed)
+        except codec.ProtocolError as error:
+            log.warning("Closing stream %s from %s: %s", client_id, context.peer(), error)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+
+def serve(flags: argparse.Namespace, address: str, server_index: int, ready=None) -> None:
+    """Runs one env server on ``address`` until SIGINT or SIGTERM."""
+    stop = _stop_on_signals()
+    server, _ = network.create_server(flags, address, flags.max_streams)
+    pb_grpc.add_EnvServerServicer_to_server(EnvServicer(flags, address, server_index), server)
+    server.start()
+    log.info("Env server %d serving %s on %s.", server_index, flags.env, address)
+    if ready is not None:
+        ready.set()
+    stop.wait()
+    server.stop(grace=0.5).wait()
+
+
+# --------------------------------------------------------------------------- inverted
+
+
+class ClientRefused(RuntimeError):
+    """The learner refused this client for a reason retrying cannot fix."""
+
+
+def connect_once(
+    flags: argparse.Namespace, stub: pb_grpc.LearnerStub, client_id: str, seed: int | None
+) -> None:
+    """One stream to the learner, until either side ends it."""
+    outgoing: queue.Queue[pb.EnvMessage | None] = queue.Queue()
+    responses = stub.ConnectEnv(iter(outgoing.get, None), metadata=network.call_metadata(flags))
+    try:
+        for message in env_session(flags, client_id, responses, seed, flags.client_steps):
+            outgoing.put(message)
+    finally:
+        outgoing.put(None)  # half-close: the learner learns from what it got
+        try:
+            for _ in responses:  # wait for the learner to close its side
+                pass
+        except grpc.RpcError:
+            pass
+
+
+def run_client(
+    flags: argparse.Namespace, client_index: int, stop: threading.Event, failures: list[str]
+) -> None:
+    """Dials the learner and keeps an environment connected to it until ``stop``."""
+    channel = network.create_channel(flags, flags.connect)
+    stub = pb_grpc.LearnerStub(channel)
+    backoff = 0.1
+    for session in itertools.count():
+        if stop.is_set():
+            break
+        client_id = f"{socket.gethostname()}:{os.getpid()}:{client_index}#{session}"
+        seed = None
+        if flags.seed is not None:
+            seed = flags.seed * 100_003 + (os.getpid() % 1000) * 1000 + client_index
+        try:
+            connect_once(flags, stub, client_id, seed)
+            backoff = 0.1
+            if flags.client_steps:
+                break  # a short-lived client: its one session is over
+        except grpc.RpcError as error:
+            if error.code() in FATAL_CODES:
+                failures.append(
+                    f"the learner at {flags.connect} refused {client_id}: "
+                    f"{error.code().name}: {error.details()}"
+                )
+                stop.set()
+                break
+            if backoff == 0.1:
+                log.info(
+                    "Learner at %s unavailable (%s); retrying.", flags.connect, error.code().name
+                )
+            stop.wait(backoff)
+            backoff = min(2 * backoff, MAX_BACKOFF_S)
+    channel.close()
+
+
+def run_clients(flags: argparse.Namespace) -> int:
+    """``envs_per_server`` env clients in this process, each on its own thread."""
+    stop = _stop_on_signals()
+    failures: list[str] = []
+    threads = [
+        threading.Thread(target=run_client, args=(flags, i, stop, failures), daemon=True)
+        for i in range(flags.envs_per_server)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.2)
+    if failures:
+        print(f"error: {failures[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    return stop
+
+
+def server_addresses(flags: argparse.Namespace) -> list[str]:
+    if getattr(flags, "env_servers", None):
+        return [address.strip() for address in flags.env_servers.split(",") if address.strip()]
+    return [f"{flags.pipes_basename}.{i}" for i in range(flags.num_servers)]
+
+
+def _process_main(flags: argparse.Namespace, index: int) -> None:
+    die_with_parent()
+    logging.basicConfig(
+        format="[%(levelname)s:%(process)d %(asctime)s] %(message)s", level=logging.INFO
+    )
+    try:
+        if flags.connect:
+            sys.exit(run_clients(flags))
+        serve(flags, server_addresses(flags)[index], index)
+    except network.NetworkError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+
+
+def start_processes(flags: argparse.Namespace) -> list[mp.process.BaseProcess]:
+    """Starts ``num_servers`` env server (or, with ``--connect``, env client) processes."""
+    envs.env_spec(flags)  # a bad --env is one error line here, not one per process
+    context = mp.get_context("spawn")
+    processes = [
+        context.Process(target=_process_main, args=(flags, i), name=f"env-{i}", daemon=True)
+        for i in range(flags.num_servers)
+    ]
+    for process in processes:
+        process.start()
+    return processes
+
+
+def stop_processes(processes: list[mp.process.BaseProcess], timeout_s: float = 5.0) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def run_processes(flags: argparse.Namespace) -> int:
+    """polybeast_env: runs the processes until a signal, or until one of them fails."""
+    processes = start_processes(flags)
+    stop = _stop_on_signals()
+    status = 0
+    try:
+        while not stop.is_set() and any(p.is_alive() for p in processes):
+            stop.wait(0.2)
+            if any(p.exitcode not in (None, 0) for p in processes):
+                status = 1
+                stop.set()
+    finally:
+        stop_processes(processes)
+    return status

@@ -1,0 +1,163 @@
+"""gRPC plumbing shared by env servers, env clients and the learner: addresses, TLS, token.
+
+Servers bind to a Unix socket or 127.0.0.1 unless told otherwise; one that listens beyond
+this machine must have a shared token. With a token set, every stream must present it in
+its metadata or is refused with UNAUTHENTICATED (and the refusal is logged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import logging
+import os
+from concurrent import futures
+
+import grpc
+
+log = logging.getLogger("torchbeast")
+
+TOKEN_METADATA_KEY = "x-torchbeast-token"
+TOKEN_ENV_VAR = "TORCHBEAST_AUTH_TOKEN"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+MAX_MESSAGE_BYTES = 64 << 20  # gRPC's own cap; the per-stream limit from the spec is tighter
+KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+class NetworkError(RuntimeError):
+    """An address, certificate or token problem the user must fix; the message says how."""
+
+
+def add_network_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags for addresses shared by every PolyBeast entry point, plus TLS and the token."""
+    add = parser.add_argument
+    add(
+        "--pipes_basename",
+        default="unix:/tmp/polybeast",
+        help="Basename for the env servers' addresses: BASENAME.0, BASENAME.1, ...",
+    )
+    add("--num_servers", default=4, type=int, metavar="N", help="Number of environment servers.")
+    add(
+        "--auth_token",
+        default=None,
+        help=f"(new) Shared secret every stream must present (default: ${TOKEN_ENV_VAR}).",
+    )
+    add("--tls_cert", default=None, help="(new) PEM certificate this side serves TLS with.")
+    add("--tls_key", default=None, help="(new) PEM private key of --tls_cert.")
+    add(
+        "--tls_ca",
+        default=None,
+        help="(new) PEM CA certificate: a client trusts servers signed by it (and dials with "
+        "TLS); a server with it also requires client certificates.",
+    )
+
+
+def auth_token(flags: argparse.Namespace) -> str | None:
+    return flags.auth_token or os.environ.get(TOKEN_ENV_VAR) or None
+
+
+def call_metadata(flags: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    token = auth_token(flags)
+    return ((TOKEN_METADATA_KEY, token),) if token else ()
+
+
+def is_local_address(address: str) -> bool:
+    if address.startswith("unix:") or address.startswith("unix-abstract:"):
+        return True
+    host = address.rsplit(":", 1)[0]
+    return host in LOOPBACK_HOSTS
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        with open(os.path.expanduser(path), "rb") as f:
+            return f.read()
+    except OSError as error:
+        raise NetworkError(f"cannot read {what} {path}: {error.strerror}") from None
+
+
+class TokenInterceptor(grpc.ServerInterceptor):
+    """Refuses every stream whose metadata lacks the shared token."""
+
+    def __init__(self, token: str):
+        self.token = token.encode()
+
+    def intercept_service(self, continuation, handler_call_details):
+        presented = dict(handler_call_details.invocation_metadata).get(TOKEN_METADATA_KEY, "")
+        if hmac.compare_digest(presented.encode(), self.token):
+            return continuation(handler_call_details)
+        return grpc.stream_stream_rpc_method_handler(self._refuse)
+
+    @staticmethod
+    def _refuse(request_iterator, context):
+        log.warning("Refused a stream from %s: no valid auth token.", context.peer())
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid auth token is required")
+
+
+def create_server(
+    flags: argparse.Namespace, address: str, max_streams: int
+) -> tuple[grpc.Server, int]:
+    """A gRPC server listening on ``address`` with this side's TLS and token; and its port.
+
+    Every stream holds a worker thread for its lifetime, so ``max_streams`` bounds both the
+    threads and the concurrent streams; more are refused with RESOURCE_EXHAUSTED.
+    """
+    token = auth_token(flags)
+    if not is_local_address(address) and not token:
+        raise NetworkError(
+            f"{address} listens beyond this machine without a token: set --auth_token "
+            f"(or ${TOKEN_ENV_VAR}), and TLS with --tls_cert and --tls_key"
+        )
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="stream"),
+        interceptors=[TokenInterceptor(token)] if token else [],
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            *KEEPALIVE_OPTIONS,
+        ],
+        maximum_concurrent_rpcs=max_streams,
+    )
+    if bool(flags.tls_cert) != bool(flags.tls_key):
+        raise NetworkError("TLS needs both --tls_cert and --tls_key")
+    try:
+        if flags.tls_cert:
+            credentials = grpc.ssl_server_credentials(
+                [(_read(flags.tls_key, "--tls_key"), _read(flags.tls_cert, "--tls_cert"))],
+                root_certificates=_read(flags.tls_ca, "--tls_ca") if flags.tls_ca else None,
+                require_client_auth=bool(flags.tls_ca),
+            )
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError as error:
+        raise NetworkError(f"cannot listen on {address}: {error}") from None
+    if port == 0:
+        raise NetworkError(f"cannot listen on {address}: is the address in use or invalid?")
+    return server, port
+
+
+def create_channel(flags: argparse.Namespace, address: str) -> grpc.Channel:
+    """A channel to ``address``: TLS when --tls_ca is set (client certificate if given)."""
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        *KEEPALIVE_OPTIONS,
+    ]
+    if not flags.tls_ca:
+        if not is_local_address(address) and not auth_token(flags):
+            log.warning("Dialling %s without TLS or a token: traffic is in the clear.", address)
+        return grpc.insecure_channel(address, options=options)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_read(flags.tls_ca, "--tls_ca"),
+        private_key=_read(flags.tls_key, "--tls_key") if flags.tls_key else None,
+        certificate_chain=_read(flags.tls_cert, "--tls_cert") if flags.tls_cert else None,
+    )
+    return grpc.secure_channel(address, credentials, options=options)

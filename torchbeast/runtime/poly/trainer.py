@@ -1,0 +1,151 @@
+"""PolyBeast training: the shared Trainer fed by env streams over gRPC."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from torch import nn
+
+from torchbeast.core.filewriter import setup_console_logging
+from torchbeast.core.flags import make_parser, nonnegative_int, positive_int
+from torchbeast.runtime.poly import network
+from torchbeast.runtime.poly.actor_pool import PolyActorPool
+from torchbeast.runtime.training import Trainer
+
+log = logging.getLogger("torchbeast")
+
+
+def add_learner_flags(parser: argparse.ArgumentParser) -> None:
+    """The learner's PolyBeast flags (the original's, plus addresses and inverted mode)."""
+    network.add_network_flags(parser)
+    add = parser.add_argument
+    parser.set_defaults(env=None)
+    add(
+        "--env_servers",
+        default=None,
+        metavar="ADDR,ADDR",
+        help="(new) Env server addresses to dial, comma-separated (default: "
+        "PIPES_BASENAME.0 .. PIPES_BASENAME.{num_servers-1}).",
+    )
+    add(
+        "--serve",
+        default=None,
+        metavar="ADDRESS",
+        help="(new) Inverted mode: serve env clients on ADDRESS (e.g. unix:/tmp/learner or "
+        "127.0.0.1:4431) instead of dialling env servers.",
+    )
+    add(
+        "--max_clients",
+        default=256,
+        type=positive_int,
+        help="(new) Inverted mode: most env clients connected at once.",
+    )
+    add(
+        "--max_learner_queue_size",
+        default=None,
+        type=positive_int,
+        metavar="N",
+        help="Most rollouts waiting for the learner (default: batch_size).",
+    )
+    add(
+        "--num_inference_threads",
+        default=2,
+        type=positive_int,
+        metavar="N",
+        help="Number of threads running batched inference.",
+    )
+    add(
+        "--max_inference_batch_size",
+        default=512,
+        type=positive_int,
+        help="(new) Most env streams in one inference batch.",
+    )
+    add(
+        "--inference_timeout_ms",
+        default=1.0,
+        type=float,
+        help="(new) Longest wait for more streams to join an inference batch.",
+    )
+
+
+def add_env_flags(parser: argparse.ArgumentParser) -> None:
+    """polybeast_env's flags."""
+    network.add_network_flags(parser)
+    add = parser.add_argument
+    add("--env", type=str, default="PongNoFrameskip-v4", help="Gymnasium environment id.")
+    add("--seed", type=nonnegative_int, default=None, help="(new) Seed for the environments.")
+    add(
+        "--connect",
+        default=None,
+        metavar="ADDRESS",
+        help="(new) Inverted mode: dial the learner at ADDRESS (its --serve) instead of serving.",
+    )
+    add(
+        "--envs_per_server",
+        default=1,
+        type=positive_int,
+        help="(new) Inverted mode: env clients (streams) per process.",
+    )
+    add(
+        "--client_steps",
+        default=0,
+        type=nonnegative_int,
+        help="(new) Inverted mode: a client leaves after this many steps (0: stays).",
+    )
+    add(
+        "--max_streams",
+        default=256,
+        type=positive_int,
+        help="(new) Classic mode: most streams one env server serves at once.",
+    )
+
+
+def make_learner_parser(description: str) -> argparse.ArgumentParser:
+    parser = make_parser(description)
+    add_learner_flags(parser)
+    return parser
+
+
+def make_env_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="PolyBeast env servers (or, with --connect, env clients).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_env_flags(parser)
+    return parser
+
+
+def finish_learner_flags(flags: argparse.Namespace) -> None:
+    if flags.max_learner_queue_size is None:
+        flags.max_learner_queue_size = flags.batch_size
+
+
+class PolyTrainer(Trainer):
+    """Training on rollouts that env streams deliver to ``pool``."""
+
+    def __init__(self, flags: argparse.Namespace, pool: PolyActorPool):
+        super().__init__(flags, pool.wait_for_spec())
+        self.flags.env = self.env_spec.env_id  # as the environments said, for checkpoints
+        self.poly_pool = pool
+
+    def create_pool(self) -> PolyActorPool:
+        run_dir = os.path.join(self.flags.savedir, self.flags.xpid)
+        self.poly_pool.attach(self.learner.model, self.config, run_dir)
+        return self.poly_pool
+
+    def publish(self, model: nn.Module) -> None:
+        self.poly_pool.publish(model)
+
+
+def train(flags: argparse.Namespace) -> dict:
+    """Starts the network side, waits for the first environment, then trains."""
+    setup_console_logging()
+    finish_learner_flags(flags)
+    pool = PolyActorPool(flags)
+    try:
+        pool.listen()
+        return PolyTrainer(flags, pool).train()
+    finally:
+        pool.stop()
