@@ -1,12 +1,19 @@
-"""Benchmark: steady-state SPS of MonoBeast and the CPU cost of each stage, in one run.
+"""Benchmark: steady-state SPS of a runtime and the CPU cost of each stage, in one run.
 
-    python -m torchbeast.bench                      # Pong, AtariNet, B=4, T=80
+    python -m torchbeast.bench                      # MonoBeast, Pong, AtariNet, B=4, T=80
+    python -m torchbeast.bench --runtime poly       # PolyBeast over Unix sockets, same run
     python -m torchbeast.bench --env CartPole-v1    # small-model figure
 
 Takes every training flag. After ``--warmup_steps`` it measures ``--bench_steps`` agent
-steps: wall-clock SPS, and CPU milliseconds per agent step spent stepping environments,
-in actor inference, elsewhere in actors, and in the learner process (batching, learning,
-publishing weights). The stage costs imply a ceiling: cores / total CPU per step.
+steps: wall-clock SPS, and CPU milliseconds per agent step in each stage. MonoBeast:
+stepping environments, actor inference, elsewhere in actors, and the learner process
+(batching, learning, publishing weights). PolyBeast: the env server processes (envs and
+gRPC) and the learner process (gRPC, batched inference, learning). The stage costs imply
+a ceiling: cores / total CPU per step.
+
+The same layout for both runtimes: MonoBeast runs ``num_actors`` processes of
+``envs_per_actor`` envs; PolyBeast runs ``num_actors`` env servers, each streaming
+``envs_per_actor`` envs to the learner, which batches inference over all of them.
 """
 
 from __future__ import annotations
@@ -18,55 +25,123 @@ import tempfile
 import threading
 import time
 
+import numpy as np
 import torch
 
 from torchbeast.cli import report_errors
 from torchbeast.core.filewriter import setup_console_logging
-from torchbeast.core.flags import make_parser, nonnegative_int, parse_flags, positive_int
+from torchbeast.core.flags import nonnegative_int, parse_flags, positive_int
 from torchbeast.runtime.mono import MonoTrainer
+from torchbeast.runtime.poly import env_side
+from torchbeast.runtime.poly.actor_pool import PolyActorPool
+from torchbeast.runtime.poly.trainer import (
+    PolyTrainer,
+    env_flags,
+    finish_learner_flags,
+    limit_intra_op_threads,
+    make_learner_parser,
+)
 from torchbeast.runtime.training import Trainer
 
 
-def make_bench_parser():
-    parser = make_parser("Benchmark MonoBeast: steady-state SPS and per-stage CPU costs.")
+def make_bench_parser() -> argparse.ArgumentParser:
+    parser = make_learner_parser("Benchmark a runtime: steady-state SPS and per-stage CPU costs.")
     parser.set_defaults(
-        batch_size=4, unroll_length=80, num_actors=2, envs_per_actor=8, total_steps=10**12
+        env="PongNoFrameskip-v4",
+        batch_size=4,
+        unroll_length=80,
+        num_actors=2,
+        envs_per_actor=8,
+        total_steps=10**12,
     )
+    parser.add_argument("--runtime", default="mono", choices=["mono", "poly"])
     parser.add_argument("--warmup_steps", type=nonnegative_int, default=20_000)
     parser.add_argument("--bench_steps", type=positive_int, default=60_000)
     return parser
 
 
-def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict) -> None:
+def process_cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of other processes, from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return total
+
+
+def stage_totals(trainer: Trainer, env_pids: list[int]) -> np.ndarray:
+    """Cumulative CPU seconds per stage and the actors' agent steps, for either runtime."""
+    if isinstance(trainer, MonoTrainer):
+        env_cpu, inference_cpu, actor_cpu, actor_steps = trainer.pool.timing_totals()
+        return np.array([env_cpu, inference_cpu, actor_cpu - env_cpu - inference_cpu])
+    return np.array([process_cpu_seconds(env_pids), 0.0, 0.0])
+
+
+def measure(
+    trainer: Trainer, env_pids: list[int], warmup_steps: int, bench_steps: int, result: dict
+) -> None:
     """Runs beside training: samples the window after warm-up, then stops the run."""
     learner = trainer.learner
     while (
         trainer.pool is None or learner.step < warmup_steps
     ) and not trainer.stop_requested.is_set():
         time.sleep(0.05)
-    pool = trainer.pool
-    if pool is None:
+    if trainer.pool is None:
         return
-    timings_before = pool.timing_totals()
+    stages_before = stage_totals(trainer, env_pids)
     start_time, start_step, start_cpu = time.monotonic(), learner.step, time.process_time()
     while learner.step < start_step + bench_steps and not trainer.stop_requested.is_set():
         time.sleep(0.05)
     elapsed = time.monotonic() - start_time
     learner_cpu = time.process_time() - start_cpu
     steps = learner.step - start_step
-    env_cpu, inference_cpu, actor_cpu, actor_steps = pool.timing_totals() - timings_before
-    if steps == 0 or actor_steps == 0:
+    if steps == 0:
         return
+    env_ms, inference_ms, actor_other_ms = (
+        1e3 * (stage_totals(trainer, env_pids) - stages_before) / steps
+    )
     result.update(
         sps=steps / elapsed,
         steps=steps,
         seconds=elapsed,
-        env_ms=1e3 * env_cpu / actor_steps,
-        inference_ms=1e3 * inference_cpu / actor_steps,
-        actor_other_ms=1e3 * (actor_cpu - env_cpu - inference_cpu) / actor_steps,
+        env_ms=env_ms,
+        inference_ms=inference_ms,
+        actor_other_ms=actor_other_ms,
         learner_ms=1e3 * learner_cpu / steps,
     )
     trainer.stop_requested.set()
+
+
+def run_mono(flags: argparse.Namespace, start_measuring) -> Trainer:
+    trainer = MonoTrainer(flags)
+    start_measuring(trainer, [])
+    trainer.train()
+    return trainer
+
+
+def run_poly(flags: argparse.Namespace, start_measuring, folder: str) -> Trainer:
+    """One env server per actor on Unix sockets, streaming ``envs_per_actor`` envs each."""
+    flags.num_servers = flags.num_actors
+    flags.pipes_basename = f"unix:{folder}/env"
+    finish_learner_flags(flags)
+    limit_intra_op_threads(flags)
+    server_flags = env_flags(flags)
+    processes = env_side.start_processes(server_flags)
+    pool = PolyActorPool(flags)
+    try:
+        pool.listen()
+        trainer = PolyTrainer(flags, pool)
+        start_measuring(trainer, [p.pid for p in processes])
+        trainer.train()
+    finally:
+        pool.stop()
+        env_side.stop_processes(processes)
+    return trainer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,21 +151,30 @@ def main(argv: list[str] | None = None) -> int:
     setup_console_logging()
     result: dict = {}
     trainer: Trainer | None = None
+    threads: list[threading.Thread] = []
+
+    def start_measuring(started: Trainer, env_pids: list[int]) -> None:
+        nonlocal trainer
+        trainer = started
+        thread = threading.Thread(
+            target=measure, args=(started, env_pids, flags.warmup_steps, flags.bench_steps, result)
+        )
+        threads.append(thread)
+        thread.start()
 
     def run_benchmark() -> None:
-        nonlocal trainer
-        with tempfile.TemporaryDirectory() as savedir:
-            flags.savedir, flags.xpid = savedir, "bench"
-            trainer = MonoTrainer(flags)
-            thread = threading.Thread(
-                target=measure, args=(trainer, flags.warmup_steps, flags.bench_steps, result)
-            )
-            thread.start()
+        with tempfile.TemporaryDirectory() as folder:
+            flags.savedir, flags.xpid = folder, "bench"
             try:
-                trainer.train()
+                if flags.runtime == "poly":
+                    run_poly(flags, start_measuring, folder)
+                else:
+                    run_mono(flags, start_measuring)
             finally:
-                trainer.stop_requested.set()
-                thread.join()
+                if trainer is not None:
+                    trainer.stop_requested.set()
+                for thread in threads:
+                    thread.join()
 
     status = report_errors(run_benchmark)
     if status:
@@ -108,22 +192,36 @@ def print_result(flags: argparse.Namespace, trainer: Trainer, result: dict) -> N
         result["env_ms"] + result["inference_ms"] + result["actor_other_ms"] + result["learner_ms"]
     )
     print()
+    if flags.runtime == "poly":
+        layout = (
+            f"{flags.num_servers} env servers x 1 stream x {flags.envs_per_actor} envs "
+            "(Unix sockets)"
+        )
+        stages = f"env servers {result['env_ms']:.3f}, learner process {result['learner_ms']:.3f}"
+    else:
+        layout = f"{flags.num_actors} actors x {flags.envs_per_actor} envs"
+        stages = (
+            f"env {result['env_ms']:.3f}, inference {result['inference_ms']:.3f}, actor other "
+            f"{result['actor_other_ms']:.3f}, learner {result['learner_ms']:.3f}"
+        )
+    name = {"mono": "MonoBeast", "poly": "PolyBeast"}[flags.runtime]
     print(
-        f"MonoBeast benchmark: {flags.env}, {trainer.config['kind']} model, "
-        f"B={flags.batch_size}, T={flags.unroll_length}, {flags.num_actors} actors x "
-        f"{flags.envs_per_actor} envs, {flags.num_learner_threads} learner threads, "
-        f"learner on {trainer.device}, {cores} cores, torch {torch.__version__}"
+        f"{name} benchmark: {flags.env}, {trainer.config['kind']} model, "
+        f"B={flags.batch_size}, T={flags.unroll_length}, {layout}, "
+        f"{flags.num_learner_threads} learner threads, learner on {trainer.device}, "
+        f"{cores} cores, torch {torch.__version__}"
     )
     print(
         f"steady-state SPS: {result['sps']:.1f}  ({result['steps']} steps in "
         f"{result['seconds']:.1f} s after {flags.warmup_steps} warm-up steps)"
     )
-    print(
-        f"CPU ms per agent step: env {result['env_ms']:.3f}, inference "
-        f"{result['inference_ms']:.3f}, actor other {result['actor_other_ms']:.3f}, "
-        f"learner {result['learner_ms']:.3f}, total {total_ms:.3f}"
-    )
+    print(f"CPU ms per agent step: {stages}, total {total_ms:.3f}")
     print(f"ceiling implied by the stage costs on {cores} cores: {1e3 * cores / total_ms:.0f} SPS")
+    batcher = getattr(trainer.pool, "batcher", None)
+    if batcher is not None:
+        sizes = batcher.batch_sizes
+        mean = sum(size * count for size, count in sizes.items()) / max(1, sum(sizes.values()))
+        print(f"mean inference batch: {mean:.1f} streams")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ python -m torchbeast.polybeast --serve unix:/tmp/learner    # inverted: env clie
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 from torchbeast.cli import run
@@ -15,25 +14,8 @@ from torchbeast.runtime import mono
 from torchbeast.runtime.poly import env_side, trainer
 
 
-def env_flags(flags: argparse.Namespace) -> argparse.Namespace:
-    """polybeast_env's flags for the learner's run: same env, addresses, TLS and token."""
-    args = ["--env", flags.env, "--pipes_basename", flags.pipes_basename]
-    args += ["--num_servers", str(flags.num_servers)]
-    if flags.seed is not None:
-        args += ["--seed", str(flags.seed)]
-    if flags.serve:
-        per_server = math.ceil(flags.num_actors / flags.num_servers)
-        args += ["--connect", flags.serve, "--envs_per_server", str(per_server)]
-    for name in ("auth_token", "tls_cert", "tls_key", "tls_ca"):
-        if getattr(flags, name):
-            args += [f"--{name}", getattr(flags, name)]
-    parsed = trainer.make_env_parser().parse_args(args)
-    parsed.env_servers = flags.env_servers
-    return parsed
-
-
 def train(flags: argparse.Namespace) -> dict:
-    processes = env_side.start_processes(env_flags(flags))
+    processes = env_side.start_processes(trainer.env_flags(flags))
     try:
         return trainer.train(flags)
     finally:

@@ -1,7 +1,8 @@
 """PolyBeast environments: env servers the learner dials, or env clients that dial it.
 
 python -m torchbeast.polybeast_env --num_servers 10                 # serve unix:/tmp/polybeast.N
-python -m torchbeast.polybeast_env --connect unix:/tmp/learner --num_servers 2 --envs_per_server 8
+python -m torchbeast.polybeast_env --connect unix:/tmp/learner --num_servers 2 \
+    --clients_per_process 8
 """
 
 from __future__ import annotations

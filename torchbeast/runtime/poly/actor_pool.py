@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 
 import grpc
+import numpy as np
 import torch
 from torch import nn
 
@@ -48,7 +49,7 @@ class SpecMismatch(ValueError):
     """An environment's spec differs from the one this learner trains on."""
 
 
-Rollout = tuple[dict[str, torch.Tensor], CoreState]  # [T+1, ...] incl. "mask"; [layers, 1, H]
+Rollout = tuple[dict[str, torch.Tensor], CoreState]  # [T+1, ...] with "mask"; [layers, 1, H]
 
 
 class EpisodeLog:
@@ -203,26 +204,35 @@ class PolyActorPool:
         return batch, core_state, None
 
     def _infer(self, requests: list[tuple[dict[str, torch.Tensor], CoreState]]) -> list:
-        """One forward pass for many streams: inputs [1, 1, ...] each, batched on dim 1."""
-        inputs = {
-            key: torch.cat([request[0][key] for request in requests], dim=1).to(self.device)
-            for key in requests[0][0]
-        }
-        core_state = tuple(
-            torch.cat([request[1][i] for request in requests], dim=1).to(self.device)
-            for i in range(len(requests[0][1]))
-        )
+        """One forward pass for many streams: inputs [1, E, ...] each, batched on dim 1."""
+        if len(requests) == 1:  # often: no copy needed
+            inputs, core_state = requests[0]
+        else:
+            inputs = {
+                key: torch.cat([request[0][key] for request in requests], dim=1)
+                for key in requests[0][0]
+            }
+            core_state = tuple(
+                torch.cat([request[1][i] for request in requests], dim=1)
+                for i in range(len(requests[0][1]))
+            )
+        inputs = {key: value.to(self.device) for key, value in inputs.items()}
+        core_state = tuple(s.to(self.device) for s in core_state)
         with self.inference_lock, torch.inference_mode():
             outputs, core_state = self.inference_model(inputs, core_state)
         outputs = {key: value.cpu() for key, value in outputs.items()}  # [1, N, ...]
         core_state = tuple(s.cpu() for s in core_state)  # [layers, N, H]
-        return [
-            (
-                {key: value[0, i] for key, value in outputs.items()},
-                tuple(s[:, i : i + 1] for s in core_state),
+        results, start = [], 0
+        for request in requests:
+            end = start + request[0]["frame"].shape[1]
+            results.append(
+                (
+                    {key: value[0, start:end] for key, value in outputs.items()},
+                    tuple(s[:, start:end] for s in core_state),
+                )
             )
-            for i in range(len(requests))
-        ]
+            start = end
+        return results
 
     # ------------------------------------------------------------------ streams
 
@@ -256,39 +266,40 @@ class PolyActorPool:
         first = next(incoming, None)
         if first is None:
             return
-        client_id, spec = codec.read_hello(first)
+        client_id, spec, num_envs = codec.read_hello(first)
         self.register(client_id, spec)
         try:
             while not self.model_ready.wait(0.2):
                 if self.stopping.is_set():
                     return
-            yield from self._act(incoming, client_id, spec)
+            yield from self._act(incoming, client_id, spec, num_envs)
         finally:
             with self.lock:
                 self.connected.discard(client_id)
                 self.last_connected = time.monotonic()
 
     def _act(
-        self, incoming: Iterator[pb.EnvMessage], client_id: str, spec: EnvSpec
+        self, incoming: Iterator[pb.EnvMessage], client_id: str, spec: EnvSpec, num_envs: int
     ) -> Iterator[pb.Action]:
         T = self.flags.unroll_length
-        size_limit = codec.max_step_bytes(spec)
-        storage = rollout.allocate(spec, T, 1)
-        buffers = {key: value[0] for key, value in storage.items()}  # [T+1, ...]
-        core_state = initial_core_state = self.initial_core_state
+        size_limit = codec.max_step_bytes(spec, num_envs)
+        # [T+1, E, ...]: the stream's E envs side by side, as the model wants them.
+        buffers = {
+            key: value.transpose(0, 1).contiguous()
+            for key, value in rollout.allocate(spec, T, num_envs).items()
+        }
+        arrays = {key: value.numpy() for key, value in buffers.items()}  # views, for numpy writes
+        core_state = initial_core_state = tuple(
+            s.expand(-1, num_envs, -1).contiguous() for s in self.initial_core_state
+        )
         t = 0
 
-        frames = buffers["frame"].numpy()  # a view: one copy from the message's bytes
-
-        def write_step(message: pb.EnvMessage, index: int) -> pb.Step:
-            step, observation = codec.read_step(message, spec, size_limit)
-            frames[index] = observation
-            buffers["reward"][index] = step.reward
-            buffers["done"][index] = step.done
-            buffers["episode_end"][index] = step.episode_end
-            buffers["episode_return"][index] = step.episode_return
-            buffers["episode_step"][index] = step.episode_step
-            return step
+        def write_step(message: pb.EnvMessage, index: int) -> dict[str, np.ndarray]:
+            fields, observation = codec.read_step(message, spec, num_envs, size_limit)
+            arrays["frame"][index] = observation  # the one copy out of the message
+            for name, values in fields.items():
+                arrays[name][index] = values
+            return fields
 
         first = next(incoming, None)
         if first is None:
@@ -296,24 +307,27 @@ class PolyActorPool:
         write_step(first, 0)
         try:
             while True:
-                env_inputs = {key: buffers[key][t : t + 1].unsqueeze(1) for key in rollout.ENV_KEYS}
+                env_inputs = {key: buffers[key][t : t + 1] for key in rollout.ENV_KEYS}
                 agent_output, core_state = self.batcher.compute((env_inputs, core_state))
-                action = int(agent_output["action"])
-                yield pb.Action(action=action)
+                actions = agent_output["action"]  # [E]
+                yield pb.Action(action=actions.tolist())
                 message = next(incoming, None)
                 if message is None:
                     break
                 t += 1
-                step = write_step(message, t)
-                buffers["last_action"][t] = action
+                fields = write_step(message, t)
+                buffers["last_action"][t] = actions
                 for key in rollout.AGENT_KEYS:
                     buffers[key][t] = agent_output[key]
-                if step.episode_end:
-                    self.episodes.write(client_id, step.episode_return, step.episode_step, "game")
+                for env in np.flatnonzero(fields["episode_end"]):
+                    self.episodes.write(
+                        client_id_of(client_id, env, num_envs),
+                        float(fields["episode_return"][env]),
+                        int(fields["episode_step"][env]),
+                        "game",
+                    )
                 if t == T:
-                    self.queue.put(self._finished(buffers, T, initial_core_state))
-                    with self.lock:
-                        self.steps_received += T
+                    self._deliver(buffers, T, initial_core_state)
                     for value in buffers.values():
                         value[0] = value[T]
                     initial_core_state, t = core_state, 0
@@ -321,30 +335,35 @@ class PolyActorPool:
             pass  # the peer went away: a disconnect, handled below like a clean end
         finally:
             if t > 0 and not self.stopping.is_set():
-                # What the stream sent is still learned from: a partial rollout.
-                last = int(buffers["episode_step"][t])
-                if not buffers["episode_end"][t]:
+                # What the stream sent is still learned from: partial rollouts.
+                for env in np.flatnonzero(~arrays["episode_end"][t]):
                     self.episodes.write(
-                        client_id, float(buffers["episode_return"][t]), last, "disconnect"
+                        client_id_of(client_id, env, num_envs),
+                        float(arrays["episode_return"][t, env]),
+                        int(arrays["episode_step"][t, env]),
+                        "disconnect",
                     )
                 try:
-                    self.queue.put(self._finished(buffers, t, initial_core_state))
-                    with self.lock:
-                        self.steps_received += t
+                    self._deliver(buffers, t, initial_core_state)
                 except Closed:
                     pass
 
-    @staticmethod
-    def _finished(buffers: dict[str, torch.Tensor], length: int, core_state: CoreState) -> Rollout:
-        """A copy of the rollout's first ``length`` + 1 steps, zero-padded to T+1, masked."""
-        T1 = buffers["frame"].shape[0]
-        copy = {key: torch.zeros_like(value) for key, value in buffers.items()}
-        for key, value in buffers.items():
-            copy[key][: length + 1] = value[: length + 1]
+    def _deliver(
+        self, buffers: dict[str, torch.Tensor], length: int, core_state: CoreState
+    ) -> None:
+        """Queues each env's rollout: its first ``length`` + 1 steps, zero-padded to T+1."""
+        T1, num_envs = buffers["frame"].shape[:2]
         mask = torch.zeros(T1, dtype=torch.bool)
         mask[: length + 1] = True
-        copy["mask"] = mask
-        return copy, core_state
+        for env in range(num_envs):
+            column = {key: value[:, env].clone() for key, value in buffers.items()}
+            if length + 1 < T1:  # padding: zeros, which the mask keeps out of every loss
+                for value in column.values():
+                    value[length + 1 :] = 0
+            column["mask"] = mask
+            self.queue.put((column, tuple(s[:, env : env + 1] for s in core_state)))
+        with self.lock:
+            self.steps_received += length * num_envs
 
     def _dial(self, address: str, index: int) -> None:
         """Classic mode: keeps one stream open to an env server, redialling with backoff."""
@@ -358,7 +377,8 @@ class PolyActorPool:
             if self.stopping.is_set():
                 return
             requests = _Outbox()
-            call = stub.StreamEnv(iter(requests), metadata=metadata)
+            # wait_for_ready: a server that is not up yet is waited for, not an error.
+            call = stub.StreamEnv(iter(requests), metadata=metadata, wait_for_ready=True)
             try:
                 for action in self.serve_env(call):
                     requests.put(action)
@@ -399,6 +419,11 @@ class PolyActorPool:
                 said = True
             elif not empty:
                 said = False
+
+
+def client_id_of(client_id: str, env: int, num_envs: int) -> str:
+    """The id an env of a stream is logged under: the client's, plus its index if several."""
+    return client_id if num_envs == 1 else f"{client_id}/{env}"
 
 
 class _Outbox:

@@ -17,8 +17,11 @@ from torchbeast.runtime.poly import polybeast_pb2 as pb
 
 PROTOCOL_VERSION = 1
 DTYPES = frozenset(("uint8", "int8", "int16", "int32", "int64", "float32", "bool"))
-MAX_OBSERVATION_BYTES = 64 << 20  # a Hello announcing more is refused
-STEP_OVERHEAD_BYTES = 1024  # room for a Step's scalar fields and framing
+MAX_OBSERVATION_BYTES = 32 << 20  # a Hello announcing more per step is refused
+MAX_ENVS_PER_STREAM = 1024
+STEP_OVERHEAD_BYTES = 1024  # room for a Step's framing
+SCALAR_BYTES_PER_ENV = 32  # reward, done, episode_end, episode_return, episode_step
+SCALAR_BYTES_PER_ENV = 32  # reward, done, episode_end, episode_return, episode_step
 
 
 class ProtocolError(ValueError):
@@ -79,7 +82,7 @@ def decode_nest(message: pb.ArrayNest):
 # --------------------------------------------------------------------------- messages
 
 
-def hello(client_id: str, spec: EnvSpec) -> pb.EnvMessage:
+def hello(client_id: str, spec: EnvSpec, num_envs: int = 1) -> pb.EnvMessage:
     observation_spec = pb.NDArray(
         dtype=np.dtype(spec.observation_dtype).name, shape=spec.observation_shape
     )
@@ -90,12 +93,13 @@ def hello(client_id: str, spec: EnvSpec) -> pb.EnvMessage:
             observation_spec=observation_spec,
             num_actions=spec.num_actions,
             protocol_version=PROTOCOL_VERSION,
+            num_envs=num_envs,
         )
     )
 
 
-def read_hello(message: pb.EnvMessage) -> tuple[str, EnvSpec]:
-    """The client id and env spec of a stream's first message."""
+def read_hello(message: pb.EnvMessage) -> tuple[str, EnvSpec, int]:
+    """The client id, env spec and number of envs of a stream's first message."""
     if message.WhichOneof("kind") != "hello":
         raise ProtocolError("the first message of a stream must be a Hello")
     hello = message.hello
@@ -108,38 +112,50 @@ def read_hello(message: pb.EnvMessage) -> tuple[str, EnvSpec]:
     shape = tuple(int(size) for size in hello.observation_spec.shape)
     if any(size <= 0 for size in shape):
         raise ProtocolError(f"observation shape {list(shape)} has a size below 1")
-    if math.prod(shape) * dtype.itemsize > MAX_OBSERVATION_BYTES:
-        raise ProtocolError(f"observations of shape {list(shape)} are too large")
+    if not 1 <= hello.num_envs <= MAX_ENVS_PER_STREAM:
+        raise ProtocolError(f"num_envs {hello.num_envs} is not in [1, {MAX_ENVS_PER_STREAM}]")
+    if hello.num_envs * math.prod(shape) * dtype.itemsize > MAX_OBSERVATION_BYTES:
+        raise ProtocolError(
+            f"{hello.num_envs} observations of shape {list(shape)} are too large for one message"
+        )
     if hello.num_actions <= 0:
         raise ProtocolError(f"num_actions {hello.num_actions} must be positive")
     if len(hello.client_id) > 200 or not hello.env_id:
         raise ProtocolError("a Hello needs an env_id and a client_id of at most 200 characters")
     spec = EnvSpec(hello.env_id, shape, np.dtype(dtype.name), int(hello.num_actions))
-    return hello.client_id, spec
+    return hello.client_id, spec, int(hello.num_envs)
 
 
-def max_step_bytes(spec: EnvSpec) -> int:
-    """The largest serialized Step a peer with this spec can need."""
+def max_step_bytes(spec: EnvSpec, num_envs: int) -> int:
+    """The largest serialized Step a stream of ``num_envs`` envs with this spec can need."""
     observation = math.prod(spec.observation_shape) * spec.observation_dtype.itemsize
-    return observation + STEP_OVERHEAD_BYTES
+    return num_envs * (observation + SCALAR_BYTES_PER_ENV) + STEP_OVERHEAD_BYTES
 
 
-def step_message(step: dict[str, np.ndarray], index: int = 0) -> pb.EnvMessage:
-    """Entry ``index`` of a batched env step (``create_env``'s dict of [N, ...] arrays)."""
+def step_message(step: dict[str, np.ndarray]) -> pb.EnvMessage:
+    """A batched env step (``create_env``'s dict of [N, ...] arrays) as one Step."""
     return pb.EnvMessage(
         step=pb.Step(
-            observation=pb.ArrayNest(array=encode_array(step["frame"][index])),
-            reward=float(step["reward"][index]),
-            done=bool(step["done"][index]),
-            episode_end=bool(step["episode_end"][index]),
-            episode_return=float(step["episode_return"][index]),
-            episode_step=int(step["episode_step"][index]),
+            observation=pb.ArrayNest(array=encode_array(step["frame"])),
+            reward=step["reward"].tolist(),
+            done=step["done"].tolist(),
+            episode_end=step["episode_end"].tolist(),
+            episode_return=step["episode_return"].tolist(),
+            episode_step=step["episode_step"].tolist(),
         )
     )
 
 
-def read_step(message: pb.EnvMessage, spec: EnvSpec, size_limit: int) -> tuple[pb.Step, np.ndarray]:
-    """The Step and its observation (a read-only view), checked against ``spec``."""
+STEP_FIELDS = ("reward", "done", "episode_end", "episode_return", "episode_step")
+
+
+def read_step(
+    message: pb.EnvMessage, spec: EnvSpec, num_envs: int, size_limit: int
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The Step's fields ([num_envs] each) and observation, checked against ``spec``.
+
+    The observation is a read-only view of the message's bytes.
+    """
     size = message.ByteSize()
     if size > size_limit:
         raise ProtocolError(f"a message of {size} bytes exceeds the limit of {size_limit}")
@@ -149,8 +165,14 @@ def read_step(message: pb.EnvMessage, spec: EnvSpec, size_limit: int) -> tuple[p
     if not step.observation.HasField("array"):
         raise ProtocolError("a Step's observation must be one array")
     observation = decode_array(
-        step.observation.array, spec.observation_shape, spec.observation_dtype
+        step.observation.array, (num_envs, *spec.observation_shape), spec.observation_dtype
     )
-    if not (math.isfinite(step.reward) and math.isfinite(step.episode_return)):
+    fields = {}
+    for name in STEP_FIELDS:
+        values = getattr(step, name)
+        if len(values) != num_envs:
+            raise ProtocolError(f"a Step's {name} has {len(values)} entries, not {num_envs}")
+        fields[name] = np.asarray(values)
+    if not (np.isfinite(fields["reward"]).all() and np.isfinite(fields["episode_return"]).all()):
         raise ProtocolError("a Step's reward and episode_return must be finite")
-    return step, observation
+    return fields, observation

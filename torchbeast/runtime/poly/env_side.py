@@ -52,16 +52,24 @@ def env_session(
     seed: int | None = None,
     max_steps: int = 0,
 ) -> Iterator[pb.EnvMessage]:
-    """Hello, the first frame, then one Step per Action; stops after ``max_steps`` if set."""
-    env = envs.create_env(flags, num_envs=1, num_threads=1)
+    """Hello, the first frame, then one Step per Action; stops after ``max_steps`` if set.
+
+    The stream carries ``flags.envs_per_stream`` envs, stepped together.
+    """
+    num_envs = flags.envs_per_stream
+    env = envs.create_env(flags, num_envs=num_envs, num_threads=1)
     try:
         num_actions = env.spec.num_actions
-        yield codec.hello(client_id, env.spec)
+        yield codec.hello(client_id, env.spec, num_envs)
         yield codec.step_message(env.reset(seed=seed))
         for steps, message in enumerate(actions, start=1):
-            if not 0 <= message.action < num_actions:
-                raise codec.ProtocolError(f"action {message.action} is outside [0, {num_actions})")
-            yield codec.step_message(env.step(np.array([message.action])))
+            action = np.asarray(message.action, dtype=np.int64)
+            if action.shape != (num_envs,) or not ((0 <= action) & (action < num_actions)).all():
+                raise codec.ProtocolError(
+                    f"an Action needs {num_envs} actions in [0, {num_actions}), got "
+                    f"{list(message.action)[:8]}"
+                )
+            yield codec.step_message(env.step(action))
             if steps == max_steps:
                 return
     finally:
@@ -168,12 +176,12 @@ def run_client(
 
 
 def run_clients(flags: argparse.Namespace) -> int:
-    """``envs_per_server`` env clients in this process, each on its own thread."""
+    """``clients_per_process`` env clients in this process, each on its own thread."""
     stop = _stop_on_signals()
     failures: list[str] = []
     threads = [
         threading.Thread(target=run_client, args=(flags, i, stop, failures), daemon=True)
-        for i in range(flags.envs_per_server)
+        for i in range(flags.clients_per_process)
     ]
     for thread in threads:
         thread.start()

@@ -27,6 +27,12 @@ KEEPALIVE_OPTIONS = [
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.keepalive_permit_without_calls", 1),
 ]
+# Redial a restarted peer within a couple of seconds (gRPC's default backs off to 2 min).
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+]
 
 
 class NetworkError(RuntimeError):
@@ -150,6 +156,7 @@ def create_channel(flags: argparse.Namespace, address: str) -> grpc.Channel:
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         *KEEPALIVE_OPTIONS,
+        *RECONNECT_OPTIONS,
     ]
     if not flags.tls_ca:
         if not is_local_address(address) and not auth_token(flags):
