@@ -42,7 +42,7 @@ from torchbeast.runtime.poly.env_side import server_addresses
 log = logging.getLogger("torchbeast")
 
 MAX_BACKOFF_S = 5.0
-NO_ENVS_NOTICE_S = 10.0
+NO_ENVS_NOTICE_S = 5.0
 
 
 class SpecMismatch(ValueError):

@@ -35,7 +35,7 @@ def _little_endian(name: str) -> np.dtype:
 
 
 def encode_array(array: np.ndarray) -> pb.NDArray:
-    array = np.ascontiguousarray(array, dtype=_little_endian(array.dtype.name))
+    array = np.asarray(array, dtype=_little_endian(array.dtype.name))  # keeps 0-d arrays
     return pb.NDArray(dtype=array.dtype.name, shape=array.shape, data=array.tobytes())
 
 

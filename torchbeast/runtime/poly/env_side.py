@@ -205,7 +205,8 @@ def _stop_on_signals() -> threading.Event:
 
 
 def server_addresses(flags: argparse.Namespace) -> list[str]:
-    if getattr(flags, "env_servers", None):
+    """--env_servers, or PIPES_BASENAME.i for each of --num_servers."""
+    if flags.env_servers:
         return [address.strip() for address in flags.env_servers.split(",") if address.strip()]
     return [f"{flags.pipes_basename}.{i}" for i in range(flags.num_servers)]
 
@@ -228,9 +229,10 @@ def start_processes(flags: argparse.Namespace) -> list[mp.process.BaseProcess]:
     """Starts ``num_servers`` env server (or, with ``--connect``, env client) processes."""
     envs.env_spec(flags)  # a bad --env is one error line here, not one per process
     context = mp.get_context("spawn")
+    count = flags.num_servers if flags.connect else len(server_addresses(flags))
     processes = [
         context.Process(target=_process_main, args=(flags, i), name=f"env-{i}", daemon=True)
-        for i in range(flags.num_servers)
+        for i in range(count)
     ]
     for process in processes:
         process.start()

@@ -49,6 +49,13 @@ def add_network_flags(parser: argparse.ArgumentParser) -> None:
     )
     add("--num_servers", default=4, type=int, metavar="N", help="Number of environment servers.")
     add(
+        "--env_servers",
+        default=None,
+        metavar="ADDR,ADDR",
+        help="(new) Env server addresses, comma-separated, e.g. 127.0.0.1:4431,host2:4431 "
+        "(default: PIPES_BASENAME.0 .. PIPES_BASENAME.{num_servers-1}).",
+    )
+    add(
         "--auth_token",
         default=None,
         help=f"(new) Shared secret every stream must present (default: ${TOKEN_ENV_VAR}).",

@@ -25,13 +25,6 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     parser.set_defaults(env=None)
     add(
-        "--env_servers",
-        default=None,
-        metavar="ADDR,ADDR",
-        help="(new) Env server addresses to dial, comma-separated (default: "
-        "PIPES_BASENAME.0 .. PIPES_BASENAME.{num_servers-1}).",
-    )
-    add(
         "--serve",
         default=None,
         metavar="ADDRESS",

@@ -1,0 +1,143 @@
+"""PolyBeast's wire format: raw arrays with dtype and shape, checked against the Hello."""
+
+import filecmp
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime.poly import codec
+from torchbeast.runtime.poly import polybeast_pb2 as pb
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PONG = EnvSpec("PongNoFrameskip-v4", (4, 84, 84), np.dtype("uint8"), 6)
+
+
+def env_step(num_envs: int, spec: EnvSpec = PONG, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return dict(
+        frame=rng.integers(0, 255, (num_envs, *spec.observation_shape)).astype(
+            spec.observation_dtype
+        ),
+        reward=rng.normal(size=num_envs).astype(np.float32),
+        done=rng.random(num_envs) < 0.5,
+        episode_end=rng.random(num_envs) < 0.5,
+        episode_return=rng.normal(size=num_envs).astype(np.float32),
+        episode_step=rng.integers(0, 1000, num_envs).astype(np.int32),
+    )
+
+
+def test_generated_modules_match_the_proto(tmp_path):
+    proto = "torchbeast/runtime/poly/polybeast.proto"
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", "-I", ".", f"--python_out={tmp_path}",
+         f"--grpc_python_out={tmp_path}", proto],
+        cwd=ROOT,
+        check=True,
+    )  # fmt: skip
+    for name in ("polybeast_pb2.py", "polybeast_pb2_grpc.py"):
+        generated = tmp_path / "torchbeast/runtime/poly" / name
+        checked_in = os.path.join(ROOT, "torchbeast/runtime/poly", name)
+        assert filecmp.cmp(generated, checked_in, shallow=False), f"{name} is stale: make proto"
+
+
+@pytest.mark.parametrize("dtype", sorted(codec.DTYPES))
+def test_every_allowed_dtype_round_trips_bit_for_bit(dtype):
+    array = (np.arange(24).reshape(2, 3, 4) % 7).astype(dtype)
+    message = pb.NDArray.FromString(codec.encode_array(array).SerializeToString())
+    decoded = codec.decode_array(message, (2, 3, 4), np.dtype(dtype))
+    assert decoded.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(decoded, array)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "object", "complex64", "<U3", "V8"])
+def test_a_dtype_outside_the_whitelist_is_refused(dtype):
+    message = pb.NDArray(dtype=np.dtype(dtype).name, shape=[1], data=b"\0" * 8)
+    with pytest.raises(codec.ProtocolError, match="not allowed"):
+        codec.decode_array(message)
+
+
+def test_a_shape_other_than_expected_is_refused():
+    message = codec.encode_array(np.zeros((4, 84, 83), np.uint8))
+    with pytest.raises(codec.ProtocolError, match="does not match the expected"):
+        codec.decode_array(message, (4, 84, 84), np.dtype("uint8"))
+
+
+def test_bytes_that_disagree_with_the_shape_are_refused():
+    message = pb.NDArray(dtype="float32", shape=[3], data=b"\0" * 8)
+    with pytest.raises(codec.ProtocolError, match="needs 12 bytes, got 8"):
+        codec.decode_array(message)
+
+
+def test_nests_of_lists_and_maps_round_trip():
+    nest = {"a": np.ones(2, np.float32), "b": [np.zeros(3, np.uint8), {"c": np.int64(5)}]}
+    decoded = codec.decode_nest(
+        pb.ArrayNest.FromString(codec.encode_nest(nest).SerializeToString())
+    )
+    np.testing.assert_array_equal(decoded["a"], nest["a"])
+    np.testing.assert_array_equal(decoded["b"][0], nest["b"][0])
+    assert int(decoded["b"][1]["c"]) == 5
+
+
+def test_a_step_of_several_envs_round_trips():
+    step = env_step(num_envs=3)
+    wire = pb.EnvMessage.FromString(codec.step_message(step).SerializeToString())
+    fields, observation = codec.read_step(wire, PONG, 3, codec.max_step_bytes(PONG, 3))
+    np.testing.assert_array_equal(observation, step["frame"])
+    for name in codec.STEP_FIELDS:
+        np.testing.assert_array_equal(fields[name], step[name])
+
+
+def test_hello_round_trips_the_spec_and_number_of_envs():
+    wire = pb.EnvMessage.FromString(codec.hello("client-7", PONG, 8).SerializeToString())
+    assert codec.read_hello(wire) == ("client-7", PONG, 8)
+
+
+@pytest.mark.parametrize(
+    "field, value, error",
+    [
+        ("num_actions", 0, "num_actions 0"),
+        ("num_envs", 0, "num_envs 0"),
+        ("num_envs", 5000, "num_envs 5000"),
+        ("protocol_version", 99, "protocol version 99"),
+    ],
+)
+def test_an_impossible_hello_is_refused(field, value, error):
+    message = codec.hello("client", PONG, 1)
+    setattr(message.hello, field, value)
+    with pytest.raises(codec.ProtocolError, match=error):
+        codec.read_hello(message)
+
+
+def test_a_hello_announcing_huge_observations_is_refused():
+    huge = EnvSpec("Huge-v0", (1024, 1024, 64), np.dtype("uint8"), 2)
+    with pytest.raises(codec.ProtocolError, match="too large"):
+        codec.read_hello(codec.hello("client", huge, 1))
+
+
+def test_a_step_over_the_size_limit_is_refused_before_it_is_read():
+    message = codec.step_message(env_step(num_envs=1))
+    with pytest.raises(codec.ProtocolError, match="exceeds the limit of 100"):
+        codec.read_step(message, PONG, 1, size_limit=100)
+
+
+def test_a_step_whose_fields_miss_an_env_is_refused():
+    message = codec.step_message(env_step(num_envs=2))
+    del message.step.reward[1]
+    with pytest.raises(codec.ProtocolError, match="reward has 1 entries, not 2"):
+        codec.read_step(message, PONG, 2, codec.max_step_bytes(PONG, 2))
+
+
+def test_a_step_with_a_non_finite_reward_is_refused():
+    message = codec.step_message(env_step(num_envs=1))
+    message.step.reward[0] = float("nan")
+    with pytest.raises(codec.ProtocolError, match="finite"):
+        codec.read_step(message, PONG, 1, codec.max_step_bytes(PONG, 1))
+
+
+def test_a_hello_where_a_step_belongs_is_refused():
+    with pytest.raises(codec.ProtocolError, match="expected a Step"):
+        codec.read_step(codec.hello("c", PONG), PONG, 1, codec.max_step_bytes(PONG, 1))
