@@ -124,6 +124,8 @@ class Trainer:
                     self.recent_returns.extend(episode_returns.tolist())
                     self.last_stats = stats
                     writer.log(stats)
+            # Done: the other learner threads may be waiting for rollouts that never come.
+            self.stop_requested.set()
         except BaseException as error:  # surfaced by the main thread, not swallowed
             self.failure = error
             self.stop_requested.set()

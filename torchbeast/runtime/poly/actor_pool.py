@@ -87,7 +87,10 @@ class PolyActorPool:
         self.model_ready = threading.Event()
         self.stopping = threading.Event()
         self.error: str | None = None
-        self.queue: RolloutQueue[Rollout] = RolloutQueue(flags.max_learner_queue_size)
+        # Stopping the pool closes the queue: learner threads waiting on it are let go.
+        self.queue: RolloutQueue[Rollout] = RolloutQueue(
+            flags.max_learner_queue_size, self.stopping
+        )
         self.lock = threading.Lock()
         self.connected: set[str] = set()
         self.last_connected = time.monotonic()
@@ -331,9 +334,9 @@ class PolyActorPool:
                     for value in buffers.values():
                         value[0] = value[T]
                     initial_core_state, t = core_state, 0
-        except grpc.RpcError:
-            pass  # the peer went away: a disconnect, handled below like a clean end
-        finally:
+        finally:  # also when the peer went away (grpc.RpcError): a disconnect
+            if not self.stopping.is_set():
+                log.info("Stream %s ended %d steps into a rollout.", client_id, t)
             if t > 0 and not self.stopping.is_set():
                 # What the stream sent is still learned from: partial rollouts.
                 for env in np.flatnonzero(~arrays["episode_end"][t]):
@@ -377,34 +380,36 @@ class PolyActorPool:
             if self.stopping.is_set():
                 return
             requests = _Outbox()
-            # wait_for_ready: a server that is not up yet is waited for, not an error.
+            # wait_for_ready: a server that is not up (yet, or again) is waited for.
             call = stub.StreamEnv(iter(requests), metadata=metadata, wait_for_ready=True)
             try:
                 for action in self.serve_env(call):
                     requests.put(action)
-                backoff = 0.1
+                reason = "it closed the stream"
             except grpc.RpcError as error:
-                if self.stopping.is_set():
-                    return
                 code = error.code()
                 if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                     self.error = f"env server {address} refused the learner: {error.details()}"
                     self.stopping.set()
-                    return
-                if backoff == 0.1:
-                    log.warning("Env server %s: %s; redialling.", address, code.name)
+                reason = code.name
             except (codec.ProtocolError, SpecMismatch) as error:
-                log.warning("Env server %s sent a bad stream (%s); redialling.", address, error)
+                reason = f"it sent a bad stream: {error}"
             except Closed:
                 return
             finally:
                 requests.close()
                 call.cancel()
+            if self.stopping.is_set():
+                return
+            if backoff == 0.1:
+                log.warning("Env server %s: %s; redialling.", address, reason)
+            elif attempt % 20 == 0:
+                log.info("Still redialling env server %s.", address)
             if self.stopping.wait(backoff):
                 return
-            backoff = min(2 * backoff, MAX_BACKOFF_S)
-            if attempt and attempt % 20 == 0:
-                log.info("Still redialling env server %s.", address)
+            # A server that keeps failing streams is retried ever more slowly; one that
+            # is just down is waited for by wait_for_ready instead.
+            backoff = min(2 * backoff, MAX_BACKOFF_S) if reason != "UNAVAILABLE" else 0.1
 
     def _watch_connections(self) -> None:
         """Says once when no environment is left, instead of waiting silently."""
@@ -451,6 +456,8 @@ class LearnerServicer(pb_grpc.LearnerServicer):
     def ConnectEnv(self, request_iterator, context):  # noqa: N802 (gRPC's name)
         try:
             yield from self.pool.serve_env(request_iterator)
+        except grpc.RpcError:
+            log.info("An env client at %s disconnected.", context.peer())
         except codec.ProtocolError as error:
             log.warning("Closing a stream from %s: %s", context.peer(), error)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))

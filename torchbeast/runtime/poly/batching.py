@@ -129,10 +129,11 @@ class DynamicBatcher(Generic[In, Out]):
 class RolloutQueue(Generic[In]):
     """A bounded queue that learner threads drain ``batch_size`` items at a time."""
 
-    def __init__(self, maxsize: int):
+    def __init__(self, maxsize: int, closed: threading.Event | None = None):
+        """``closed``: an event that closes the queue when set (default: its own)."""
         self.items: queue.Queue[In] = queue.Queue(maxsize)
         self.batch_lock = threading.Lock()  # one learner thread assembles a batch at a time
-        self.closed = threading.Event()
+        self.closed = closed or threading.Event()
 
     def put(self, item: In) -> None:
         """Waits while the queue is full; raises ``Closed`` if it closes meanwhile."""

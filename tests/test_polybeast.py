@@ -1,0 +1,424 @@
+"""PolyBeast end to end: real env servers and clients, real gRPC on Unix sockets and TCP."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from tests.test_monobeast import read_rows
+from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime.poly import codec
+from torchbeast.runtime.poly import polybeast_pb2 as pb
+from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CARTPOLE = EnvSpec("CartPole-v1", (4,), np.dtype("float32"), 2)
+LEARNER = ["--env", "CartPole-v1", "--batch_size", "2", "--unroll_length", "20", "--disable_cuda"]
+ENV = ["--env", "CartPole-v1"]
+
+
+@pytest.fixture
+def sockets():
+    """A short folder for Unix sockets (their paths are limited to ~100 characters)."""
+    folder = tempfile.mkdtemp(prefix="pb", dir="/tmp")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def processes():
+    """Starts modules in their own process groups; kills what is left at the end."""
+    started: list[subprocess.Popen] = []
+
+    def start(module: str, *args: str, log: str, env: dict | None = None) -> subprocess.Popen:
+        out = open(log, "w")  # noqa: SIM115 (the process owns it)
+        process = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float = 60, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def logged_steps(run_dir) -> list[int]:
+    path = os.path.join(run_dir, "logs.csv")
+    if not os.path.exists(path):
+        return []
+    return [int(row["step"]) for row in read_rows(path)]
+
+
+def step_increments(run_dir) -> list[int]:
+    steps = logged_steps(run_dir)
+    return [b - a for a, b in zip([0, *steps], steps, strict=False)]
+
+
+def episodes(run_dir) -> list[dict[str, str]]:
+    with open(os.path.join(run_dir, "episodes.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def processes_in_group(pgid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def text(path) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+# --------------------------------------------------------------------------- classic
+
+
+def test_polybeast_trains_over_unix_sockets_and_stops_its_env_servers(tmp_path, sockets):
+    command = [sys.executable, "-m", "torchbeast.polybeast", *LEARNER, "--num_actors", "3"]
+    command += ["--num_servers", "2", "--pipes_basename", f"unix:{sockets}/env"]
+    command += ["--total_steps", "400", "--savedir", str(tmp_path), "--xpid", "run"]
+    process = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    output, _ = process.communicate(timeout=180)
+    assert process.returncode == 0, output
+    assert logged_steps(tmp_path / "run")[-1] >= 400
+    assert any(row["end"] == "game" for row in episodes(tmp_path / "run"))
+    wait_for(lambda: not processes_in_group(process.pid), 10, "the env servers to stop")
+
+
+def test_learner_dials_env_servers_over_tcp(tmp_path, processes):
+    servers = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+    env_log = tmp_path / "env.log"
+    env = processes("torchbeast.polybeast_env", *ENV, "--env_servers", servers, log=env_log)
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast_learner", *LEARNER, "--env_servers", servers,
+         "--num_actors", "4", "--total_steps", "300", "--savedir", str(tmp_path), "--xpid", "r"],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert logged_steps(tmp_path / "r")[-1] >= 300
+    # Four streams over two servers: each server served two environments.
+    clients = {row["client_id"].rsplit(":", 1)[-1] for row in episodes(tmp_path / "r")}
+    assert {client.split("#")[1] for client in clients} <= {"0", "1"}
+    os.killpg(env.pid, signal.SIGINT)
+    assert env.wait(timeout=15) == 0, text(env_log)
+    wait_for(lambda: not processes_in_group(env.pid), 10, "the env servers to stop")
+
+
+def test_a_killed_env_server_is_redialled_when_it_comes_back(tmp_path, processes, sockets):
+    address = ["--num_servers", "1", "--pipes_basename", f"unix:{sockets}/env"]
+    first = processes("torchbeast.polybeast_env", *ENV, *address, log=tmp_path / "env1.log")
+    learner_log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", *LEARNER, *address, "--num_actors", "2",
+        "--total_steps", "100000", "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
+    )  # fmt: skip
+    wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training to start")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    wait_for(lambda: "redialling" in text(learner_log), 30, "the learner to notice")
+    steps_without_server = logged_steps(tmp_path / "r")[-1]
+    processes("torchbeast.polybeast_env", *ENV, *address, log=tmp_path / "env2.log")
+    wait_for(
+        lambda: logged_steps(tmp_path / "r")[-1] > steps_without_server + 200,
+        60,
+        "training to go on with the restarted server",
+    )
+    assert learner.poll() is None
+    os.killpg(learner.pid, signal.SIGTERM)
+    assert learner.wait(timeout=30) == 0, text(learner_log)
+
+
+def test_ctrl_c_on_polybeast_saves_a_checkpoint_and_stops_every_process(tmp_path, processes):
+    log = tmp_path / "polybeast.log"
+    sockets = tempfile.mkdtemp(prefix="pb", dir="/tmp")
+    polybeast = processes(
+        "torchbeast.polybeast", *LEARNER, "--num_actors", "2", "--num_servers", "2",
+        "--pipes_basename", f"unix:{sockets}/env", "--total_steps", "1000000",
+        "--savedir", str(tmp_path), "--xpid", "r", log=log,
+    )  # fmt: skip
+    wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training to start")
+    assert len(processes_in_group(polybeast.pid)) >= 3  # the learner and two env servers
+    os.killpg(polybeast.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
+    polybeast.wait(timeout=60)
+    assert os.path.exists(tmp_path / "r" / "model.tar"), text(log)
+    wait_for(lambda: not processes_in_group(polybeast.pid), 15, "every process to stop")
+    shutil.rmtree(sockets, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- inverted
+
+
+def test_a_client_that_leaves_mid_rollout_is_learned_from_and_counted_exactly(
+    tmp_path, processes, sockets
+):
+    address = f"unix:{sockets}/learner"
+    learner_log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", *LEARNER, "--batch_size", "1", "--serve", address,
+        "--total_steps", "50", "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
+    )  # fmt: skip
+    client = processes(
+        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
+        "--client_steps", "50", log=tmp_path / "client.log",
+    )  # fmt: skip
+    assert learner.wait(timeout=120) == 0, text(learner_log)
+    assert client.wait(timeout=30) == 0, text(tmp_path / "client.log")
+    # Two whole rollouts of 20 and one partial of 10: every step counted once, none padded.
+    assert logged_steps(tmp_path / "r") == [20, 40, 50]
+
+
+def test_a_killed_client_leaves_a_partial_rollout_and_training_goes_on(
+    tmp_path, processes, sockets
+):
+    address = f"unix:{sockets}/learner"
+    learner_log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", *LEARNER, "--batch_size", "1", "--unroll_length", "50",
+        "--serve", address, "--total_steps", "100000", "--savedir", str(tmp_path), "--xpid", "r",
+        log=learner_log,
+    )  # fmt: skip
+    connect = [*ENV, "--connect", address, "--num_servers", "1"]
+    cut = 0
+    for attempt in range(3):  # a kill can land on a rollout boundary (1 in 50): try again
+        client = processes("torchbeast.polybeast_env", *connect, log=tmp_path / f"c{attempt}.log")
+        before = len(logged_steps(tmp_path / "r"))
+        wait_for(lambda b=before: len(logged_steps(tmp_path / "r")) > b, 90, "training")
+        os.killpg(client.pid, signal.SIGKILL)
+        wait_for(lambda a=attempt: text(learner_log).count("steps into a rollout") > a, 30, "cut")
+        ended = [line for line in text(learner_log).splitlines() if "steps into a rollout" in line]
+        cut = int(ended[-1].split(" ended ")[1].split()[0])
+        if cut:
+            break
+    assert 0 < cut < 50
+    # The cut rollout is learned from (batch size 1: one update of exactly its steps).
+    wait_for(lambda: cut in step_increments(tmp_path / "r"), 10, "the cut rollout's update")
+    steps = logged_steps(tmp_path / "r")
+    # Training goes on with another client.
+    processes("torchbeast.polybeast_env", *connect, log=tmp_path / "survivor.log")
+    wait_for(lambda: logged_steps(tmp_path / "r")[-1] > steps[-1] + 500, 60, "more training")
+    os.killpg(learner.pid, signal.SIGTERM)
+    assert learner.wait(timeout=60) == 0, text(learner_log)
+    assert "Traceback" not in text(learner_log)
+
+
+def test_64_clients_train_one_learner_at_once(tmp_path, processes, sockets):
+    address = f"unix:{sockets}/learner"
+    learner_log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", *LEARNER, "--batch_size", "16", "--serve", address,
+        "--total_steps", "8000", "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
+    )  # fmt: skip
+    processes(
+        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "4",
+        "--clients_per_process", "16", log=tmp_path / "clients.log",
+    )  # fmt: skip
+    assert learner.wait(timeout=180) == 0, text(learner_log)
+    assert logged_steps(tmp_path / "r")[-1] >= 8000
+    clients = {row["client_id"].split("#")[0] for row in episodes(tmp_path / "r")}
+    assert len(clients) == 64
+    assert "Traceback" not in text(learner_log)
+
+
+def test_tls_with_a_self_signed_certificate(tmp_path, processes):
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out",
+         cert, "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    address = f"127.0.0.1:{free_port()}"
+    learner_log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--tls_cert", str(cert),
+        "--tls_key", str(key), "--total_steps", "200", "--savedir", str(tmp_path),
+        "--xpid", "r", log=learner_log,
+    )  # fmt: skip
+    processes(
+        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
+        "--tls_ca", str(cert), log=tmp_path / "client.log",
+    )  # fmt: skip
+    wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training over TLS")
+    # A client without TLS cannot talk to it.
+    with grpc.insecure_channel(address) as channel:
+        call = pb_grpc.LearnerStub(channel).ConnectEnv(
+            iter([codec.hello("plain", CARTPOLE)]), timeout=5
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            list(call)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert learner.wait(timeout=120) == 0, text(learner_log)
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def bad_stream(address: str, messages: list, token: str | None = "s3cret") -> grpc.RpcError:
+    """Sends ``messages`` on one stream; returns the error the learner closed it with."""
+    metadata = (("x-torchbeast-token", token),) if token else ()
+    with grpc.insecure_channel(address) as channel:
+        call = pb_grpc.LearnerStub(channel).ConnectEnv(
+            iter(messages), metadata=metadata, timeout=30
+        )
+        with pytest.raises(grpc.RpcError) as error:
+            list(call)
+    return error.value
+
+
+def step_of(observation: np.ndarray) -> pb.EnvMessage:
+    return pb.EnvMessage(
+        step=pb.Step(
+            observation=pb.ArrayNest(array=codec.encode_array(observation)),
+            reward=[0.0], done=[False], episode_end=[False], episode_return=[0.0],
+            episode_step=[0],
+        )
+    )  # fmt: skip
+
+
+def test_malformed_and_unauthenticated_streams_are_refused_and_training_goes_on(
+    tmp_path, processes, sockets
+):
+    address = f"unix:{sockets}/learner"
+    token = {"TORCHBEAST_AUTH_TOKEN": "s3cret"}
+    learner_log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--total_steps", "4000",
+        "--savedir", str(tmp_path), "--xpid", "r", log=learner_log, env=token,
+    )  # fmt: skip
+    processes(
+        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
+        log=tmp_path / "client.log", env=token,
+    )  # fmt: skip
+    wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training to start")
+    hello = codec.hello("bad-client", CARTPOLE)
+    good_frame = np.zeros((1, 4), np.float32)
+
+    refusals = {
+        "no token": bad_stream(address, [hello], token=None),
+        "wrong token": bad_stream(address, [hello], token="guess"),
+        "wrong dtype": bad_stream(address, [hello, step_of(good_frame.astype(np.int32))]),
+        "wrong shape": bad_stream(address, [hello, step_of(np.zeros((1, 5), np.float32))]),
+        "oversized": bad_stream(address, [hello, step_of(np.zeros((1, 2**20), np.float32))]),
+        "other env": bad_stream(address, [codec.hello("x", EnvSpec("Other-v0", (4,), np.dtype("float32"), 3))]),  # noqa: E501
+    }  # fmt: skip
+    codes = {name: error.code() for name, error in refusals.items()}
+    assert codes == {
+        "no token": grpc.StatusCode.UNAUTHENTICATED,
+        "wrong token": grpc.StatusCode.UNAUTHENTICATED,
+        "wrong dtype": grpc.StatusCode.INVALID_ARGUMENT,
+        "wrong shape": grpc.StatusCode.INVALID_ARGUMENT,
+        "oversized": grpc.StatusCode.INVALID_ARGUMENT,
+        "other env": grpc.StatusCode.FAILED_PRECONDITION,
+    }
+    assert "exceeds the limit" in refusals["oversized"].details()
+    assert learner.wait(timeout=120) == 0, text(learner_log)
+    log = text(learner_log)
+    assert log.count("no valid auth token") == 2
+    assert "Traceback" not in log
+
+
+def test_a_learner_listening_beyond_this_machine_needs_a_token(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast_learner", *LEARNER, "--serve",
+         f"0.0.0.0:{free_port()}", "--savedir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "TORCHBEAST_AUTH_TOKEN"},
+    )  # fmt: skip
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "without a token" in lines[0], result.stderr
+
+
+# --------------------------------------------------------------------------- waiting, resume
+
+
+def test_a_restarted_learner_resumes_and_its_clients_reconnect(tmp_path, processes, sockets):
+    address = f"unix:{sockets}/learner"
+    run = ["--serve", address, "--savedir", str(tmp_path), "--xpid", "r"]
+    first_log = tmp_path / "learner1.log"
+    first = processes(
+        "torchbeast.polybeast_learner", *LEARNER, *run, "--total_steps", "100000", log=first_log
+    )
+    processes(
+        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
+        log=tmp_path / "client.log",
+    )  # fmt: skip
+    wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training to start")
+    os.killpg(first.pid, signal.SIGTERM)
+    assert first.wait(timeout=60) == 0, text(first_log)
+    saved = logged_steps(tmp_path / "r")[-1]
+
+    second_log = tmp_path / "learner2.log"
+    second = processes(
+        "torchbeast.polybeast_learner", *LEARNER, *run, "--total_steps", str(saved + 400),
+        log=second_log,
+    )  # fmt: skip
+    assert second.wait(timeout=120) == 0, text(second_log)
+    assert "Resuming from" in text(second_log)
+    assert logged_steps(tmp_path / "r")[-1] >= saved + 400
+
+
+def test_a_learner_without_environments_says_so_once_and_waits(tmp_path, processes, sockets):
+    address = f"unix:{sockets}/learner"
+    learner_log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--total_steps", "100000",
+        "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
+    )  # fmt: skip
+    wait_for(lambda: "Waiting for the first environment" in text(learner_log), 60, "notice")
+    processes(
+        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
+        "--client_steps", "30", log=tmp_path / "client.log",
+    )  # fmt: skip
+    wait_for(lambda: "No environments connected" in text(learner_log), 60, "second notice")
+    time.sleep(7)  # longer than the notice interval: it must not repeat
+    log = text(learner_log)
+    assert log.count("Waiting for the first environment") == 1
+    assert log.count("No environments connected") == 1
+    assert learner.poll() is None  # waiting, not gone
+    os.killpg(learner.pid, signal.SIGINT)
+    learner.wait(timeout=60)
