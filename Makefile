@@ -39,7 +39,7 @@ format: $(STAMP)
 
 # Regenerate the flag reference in README.md from the parser.
 docs: $(STAMP)
-	$(PY) -m torchbeast.core.flags --update-readme README.md
+	$(PY) -m torchbeast.docs README.md
 
 # Regenerate the gRPC modules from the .proto (a test fails when they are stale).
 proto: $(STAMP)

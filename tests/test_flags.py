@@ -276,3 +276,14 @@ def test_readme_flag_table_is_in_sync_with_the_parser():
     start = text.index(flags.README_BEGIN) + len(flags.README_BEGIN) + len("\n")
     block = text[start : text.index(flags.README_END)]
     assert block == flags.markdown_reference() + "\n", "README.md is stale: run `make docs`"
+
+
+def test_readme_polybeast_flag_tables_are_in_sync_with_the_parsers():
+    from torchbeast.runtime.poly import trainer
+
+    text = README.read_text()
+    start = text.index(trainer.README_BEGIN) + len(trainer.README_BEGIN) + len("\n")
+    block = text[start : text.index(trainer.README_END)]
+    assert block == trainer.markdown_reference() + "\n", "README.md is stale: run `make docs`"
+    assert "| `--serve` |" in block and "| `--connect` |" in block
+    assert "| `--env` |" not in block.split("`polybeast_env`")[0]  # shared flags: table above

@@ -422,3 +422,23 @@ def test_a_learner_without_environments_says_so_once_and_waits(tmp_path, process
     assert learner.poll() is None  # waiting, not gone
     os.killpg(learner.pid, signal.SIGINT)
     learner.wait(timeout=60)
+
+
+def test_test_mode_plays_the_env_the_learner_was_trained_on(tmp_path, processes, sockets):
+    address = f"unix:{sockets}/learner"
+    learner = processes(
+        "torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--total_steps", "200",
+        "--savedir", str(tmp_path), "--xpid", "r", log=tmp_path / "learner.log",
+    )  # fmt: skip
+    processes(
+        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
+        log=tmp_path / "client.log",
+    )  # fmt: skip
+    assert learner.wait(timeout=120) == 0, text(tmp_path / "learner.log")
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast_learner", "--mode", "test", "--xpid", "r",
+         "--savedir", str(tmp_path), "--num_episodes", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Average returns over 2 episodes" in result.stderr + result.stdout

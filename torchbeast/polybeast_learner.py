@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 
 from torchbeast.cli import run
-from torchbeast.runtime import mono
 from torchbeast.runtime.poly import trainer
 
 
@@ -17,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = trainer.make_learner_parser(
         "PolyBeast learner: IMPALA with environments as gRPC peers."
     )
-    return run(parser, argv, train=trainer.train, test=mono.test)
+    return run(parser, argv, train=trainer.train, test=trainer.test)
 
 
 if __name__ == "__main__":
