@@ -16,6 +16,7 @@ that left, a server that died) still delivers what it sent: padded to T+1 with a
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import itertools
 import logging
@@ -92,7 +93,7 @@ class PolyActorPool:
             flags.max_learner_queue_size, self.stopping
         )
         self.lock = threading.Lock()
-        self.connected: set[str] = set()
+        self.connected: collections.Counter[str] = collections.Counter()  # streams per id
         self.last_connected = time.monotonic()
         self.server: grpc.Server | None = None
         self.port: int | None = None
@@ -103,7 +104,6 @@ class PolyActorPool:
         self.inference_lock = threading.Lock()
         self.device = torch.device("cpu")
         self.episodes: EpisodeLog | None = None
-        self.steps_received = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -183,10 +183,6 @@ class PolyActorPool:
             ):
                 target.copy_(source)
 
-    def num_connected(self) -> int:
-        with self.lock:
-            return len(self.connected)
-
     # ------------------------------------------------------------------ learner side
 
     def get_batch(
@@ -262,7 +258,7 @@ class PolyActorPool:
                     f"{spec.num_actions} actions does not match the run's {self.spec.env_id} "
                     f"{list(self.spec.observation_shape)} with {self.spec.num_actions} actions"
                 )
-            self.connected.add(client_id)
+            self.connected[client_id] += 1
 
     def serve_env(self, incoming: Iterator[pb.EnvMessage]) -> Iterator[pb.Action]:
         """Runs one env stream: reads Steps, yields Actions, queues rollouts."""
@@ -271,14 +267,24 @@ class PolyActorPool:
             return
         client_id, spec, num_envs = codec.read_hello(first)
         self.register(client_id, spec)
+        log.info("Env stream %s connected (%d envs).", client_id, num_envs)
         try:
             while not self.model_ready.wait(0.2):
                 if self.stopping.is_set():
                     return
             yield from self._act(incoming, client_id, spec, num_envs)
+        except (grpc.RpcError, codec.ProtocolError, Closed):
+            raise  # the stream's own end; the caller closes it with the right status
+        except Exception as error:  # a learner-side failure (e.g. in inference): stop the run
+            log.exception("Serving env stream %s failed.", client_id)
+            self.error = f"serving env stream {client_id} failed: {error!r} (see out.log)"
+            self.stopping.set()
+            raise
         finally:
             with self.lock:
-                self.connected.discard(client_id)
+                self.connected[client_id] -= 1
+                if self.connected[client_id] <= 0:
+                    del self.connected[client_id]
                 self.last_connected = time.monotonic()
 
     def _act(
@@ -365,8 +371,6 @@ class PolyActorPool:
                     value[length + 1 :] = 0
             column["mask"] = mask
             self.queue.put((column, tuple(s[:, env : env + 1] for s in core_state)))
-        with self.lock:
-            self.steps_received += length * num_envs
 
     def _dial(self, address: str, index: int) -> None:
         """Classic mode: keeps one stream open to an env server, redialling with backoff."""

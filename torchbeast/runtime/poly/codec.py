@@ -120,8 +120,10 @@ def read_hello(message: pb.EnvMessage) -> tuple[str, EnvSpec, int]:
         )
     if hello.num_actions <= 0:
         raise ProtocolError(f"num_actions {hello.num_actions} must be positive")
-    if len(hello.client_id) > 200 or not hello.env_id:
-        raise ProtocolError("a Hello needs an env_id and a client_id of at most 200 characters")
+    if not (0 < len(hello.client_id) <= 200 and hello.client_id.isprintable()):
+        raise ProtocolError("a Hello's client_id must be 1 to 200 printable characters")
+    if not (0 < len(hello.env_id) <= 200 and hello.env_id.isprintable()):
+        raise ProtocolError("a Hello's env_id must be 1 to 200 printable characters")
     spec = EnvSpec(hello.env_id, shape, np.dtype(dtype.name), int(hello.num_actions))
     return hello.client_id, spec, int(hello.num_envs)
 
