@@ -1,6 +1,7 @@
 """SharedWeights: versioned weights that a reader never sees half-written."""
 
 import threading
+import time
 
 import torch
 from torch import nn
@@ -46,6 +47,9 @@ def test_reader_never_sees_a_mix_of_two_publications():
         while not stop.is_set():
             weights.publish(writers_models[k % len(writers_models)])
             k += 1
+            # A learner pauses between updates. A writer that never pauses can starve
+            # readers forever (a seqlock allows that), which made this test hang.
+            time.sleep(0.0002)
 
     writer = threading.Thread(target=keep_publishing)
     writer.start()
