@@ -129,6 +129,22 @@ def test_polybeast_trains_over_unix_sockets_and_stops_its_env_servers(tmp_path, 
     wait_for(lambda: not processes_in_group(process.pid), 10, "the env servers to stop")
 
 
+def test_polybeast_trains_an_lstm_on_streams_of_several_envs(tmp_path, sockets):
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast", *LEARNER, "--use_lstm",
+         "--num_actors", "2", "--num_servers", "2", "--envs_per_actor", "3",
+         "--pipes_basename", f"unix:{sockets}/env", "--total_steps", "600",
+         "--savedir", str(tmp_path), "--xpid", "run"],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert logged_steps(tmp_path / "run")[-1] >= 600
+    assert "(3 envs)" in result.stdout + result.stderr
+    # Each env of a stream is logged under its own id.
+    clients = {row["client_id"] for row in episodes(tmp_path / "run")}
+    assert {client.rsplit("/", 1)[1] for client in clients} == {"0", "1", "2"}
+
+
 def test_learner_dials_env_servers_over_tcp(tmp_path, processes):
     servers = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
     env_log = tmp_path / "env.log"
