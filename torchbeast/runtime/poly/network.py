@@ -15,6 +15,8 @@ from concurrent import futures
 
 import grpc
 
+from torchbeast.core.flags import positive_int
+
 log = logging.getLogger("torchbeast")
 
 TOKEN_METADATA_KEY = "x-torchbeast-token"
@@ -47,7 +49,13 @@ def add_network_flags(parser: argparse.ArgumentParser) -> None:
         default="unix:/tmp/polybeast",
         help="Basename for the env servers' addresses: BASENAME.0, BASENAME.1, ...",
     )
-    add("--num_servers", default=4, type=int, metavar="N", help="Number of environment servers.")
+    add(
+        "--num_servers",
+        default=4,
+        type=positive_int,
+        metavar="N",
+        help="Number of environment servers.",
+    )
     add(
         "--env_servers",
         default=None,

@@ -13,7 +13,7 @@ from torch import nn
 from torchbeast.core import checkpoint
 from torchbeast.core import flags as core_flags
 from torchbeast.core.filewriter import setup_console_logging
-from torchbeast.core.flags import make_parser, nonnegative_int, positive_int
+from torchbeast.core.flags import make_parser, nonnegative_float, nonnegative_int, positive_int
 from torchbeast.runtime import mono
 from torchbeast.runtime.poly import network
 from torchbeast.runtime.poly.actor_pool import PolyActorPool
@@ -63,7 +63,7 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
     add(
         "--inference_timeout_ms",
         default=1.0,
-        type=float,
+        type=nonnegative_float,
         help="(new) Longest wait for more streams to join an inference batch.",
     )
 
