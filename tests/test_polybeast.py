@@ -389,6 +389,24 @@ def test_a_learner_listening_beyond_this_machine_needs_a_token(tmp_path):
     assert len(lines) == 1 and "without a token" in lines[0], result.stderr
 
 
+def test_a_learner_without_the_env_servers_token_stops_with_one_line(tmp_path, processes, sockets):
+    address = ["--num_servers", "1", "--pipes_basename", f"unix:{sockets}/env"]
+    processes(
+        "torchbeast.polybeast_env", *ENV, *address, log=tmp_path / "env.log",
+        env={"TORCHBEAST_AUTH_TOKEN": "s3cret"},
+    )  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast_learner", *LEARNER, *address,
+         "--num_actors", "1", "--savedir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "TORCHBEAST_AUTH_TOKEN"},
+    )  # fmt: skip
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "refused the learner" in lines[0], result.stderr
+    assert "no valid auth token" in text(tmp_path / "env.log")
+
+
 # --------------------------------------------------------------------------- waiting, resume
 
 

@@ -39,6 +39,7 @@ from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
 from torchbeast.runtime.poly.batching import Closed, DynamicBatcher, RolloutQueue
 from torchbeast.runtime.poly.env_side import server_addresses
+from torchbeast.runtime.training import TrainingError
 
 log = logging.getLogger("torchbeast")
 
@@ -133,7 +134,7 @@ class PolyActorPool:
             log.info("Waiting for the first environment to connect (%s).", where)
         while not self.spec_known.wait(0.2):
             if self.stopping.is_set():
-                raise Closed("stopped before any environment connected")
+                raise TrainingError(self.error or "stopped before any environment connected")
         assert self.spec is not None
         return self.spec
 
