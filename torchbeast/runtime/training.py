@@ -74,8 +74,6 @@ class Trainer:
         self.stats_lock = threading.Lock()
         self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
         self.last_stats: dict = {}
-        self.learn_seconds = 0.0
-        self.learn_steps = 0
         self.pool: Pool | None = None
 
     def create_pool(self) -> Pool:
@@ -116,11 +114,7 @@ class Trainer:
                 episode_returns = batch["episode_return"][1:][batch["episode_end"][1:]]
                 # Updates are serialised anyway; logging inside keeps logs.csv in step order.
                 with self.stats_lock:
-                    start = time.perf_counter()
                     stats = self.learner.learn(batch, core_state)
-                    elapsed = time.perf_counter() - start
-                    self.learn_seconds += elapsed
-                    self.learn_steps += self.flags.unroll_length * self.flags.batch_size
                     self.recent_returns.extend(episode_returns.tolist())
                     self.last_stats = stats
                     writer.log(stats)
