@@ -141,3 +141,12 @@ def test_a_step_with_a_non_finite_reward_is_refused():
 def test_a_hello_where_a_step_belongs_is_refused():
     with pytest.raises(codec.ProtocolError, match="expected a Step"):
         codec.read_step(codec.hello("c", PONG), PONG, 1, codec.max_step_bytes(PONG, 1))
+
+
+def test_a_step_with_a_non_finite_float_observation_is_refused():
+    spec = EnvSpec("CartPole-v1", (4,), np.dtype("float32"), 2)
+    step = env_step(num_envs=1, spec=spec)
+    step["frame"][0, 2] = np.inf
+    message = codec.step_message(step)
+    with pytest.raises(codec.ProtocolError, match="observation must be finite"):
+        codec.read_step(message, spec, 1, codec.max_step_bytes(spec, 1))

@@ -407,6 +407,22 @@ def test_a_learner_without_the_env_servers_token_stops_with_one_line(tmp_path, p
     assert "no valid auth token" in text(tmp_path / "env.log")
 
 
+def test_a_learner_for_another_env_than_its_servers_stops_with_one_line(
+    tmp_path, processes, sockets
+):
+    address = ["--num_servers", "1", "--pipes_basename", f"unix:{sockets}/env"]
+    processes("torchbeast.polybeast_env", *ENV, *address, log=tmp_path / "env.log")
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast_learner", *LEARNER, "--env",
+         "PongNoFrameskip-v4", *address, "--num_actors", "1", "--savedir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "trains on PongNoFrameskip-v4, not CartPole-v1" in lines[0]
+
+
 # --------------------------------------------------------------------------- waiting, resume
 
 

@@ -277,10 +277,14 @@ class PolyActorPool:
         except (grpc.RpcError, codec.ProtocolError, Closed):
             raise  # the stream's own end; the caller closes it with the right status
         except Exception as error:  # a learner-side failure (e.g. in inference): stop the run
-            log.exception("Serving env stream %s failed.", client_id)
-            self.error = f"serving env stream {client_id} failed: {error!r} (see out.log)"
+            with self.lock:
+                first = self.error is None
+                if first:
+                    self.error = f"serving env stream {client_id} failed: {error!r} (see out.log)"
+            if first:  # every stream of the batch sees the same error: say it once
+                log.exception("Serving env stream %s failed.", client_id)
             self.stopping.set()
-            raise
+            raise Closed("the learner is stopping") from None
         finally:
             with self.lock:
                 self.connected[client_id] -= 1
@@ -324,8 +328,8 @@ class PolyActorPool:
                 message = next(incoming, None)
                 if message is None:
                     break
+                fields = write_step(message, t + 1)  # a bad Step raises before t moves on
                 t += 1
-                fields = write_step(message, t)
                 buffers["last_action"][t] = actions
                 for key in rollout.AGENT_KEYS:
                     buffers[key][t] = agent_output[key]
@@ -397,8 +401,12 @@ class PolyActorPool:
                     self.error = f"env server {address} refused the learner: {error.details()}"
                     self.stopping.set()
                 reason = code.name
-            except (codec.ProtocolError, SpecMismatch) as error:
+            except codec.ProtocolError as error:
                 reason = f"it sent a bad stream: {error}"
+            except SpecMismatch as error:  # a misconfigured server: redialling cannot help
+                self.error = f"env server {address}: {error}"
+                self.stopping.set()
+                reason = str(error)
             except Closed:
                 return
             finally:
@@ -471,3 +479,6 @@ class LearnerServicer(pb_grpc.LearnerServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
         except Closed:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is stopping")
+        except Exception as error:  # not the client's fault: say so, keep the traceback here
+            log.exception("Serving a stream from %s failed.", context.peer())
+            context.abort(grpc.StatusCode.INTERNAL, f"the learner failed: {error!r}")

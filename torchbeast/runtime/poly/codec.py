@@ -177,4 +177,6 @@ def read_step(
         fields[name] = np.asarray(values)
     if not (np.isfinite(fields["reward"]).all() and np.isfinite(fields["episode_return"]).all()):
         raise ProtocolError("a Step's reward and episode_return must be finite")
+    if observation.dtype.kind == "f" and not np.isfinite(observation).all():
+        raise ProtocolError("a Step's observation must be finite")
     return fields, observation

@@ -122,14 +122,20 @@ class ClientRefused(RuntimeError):
 
 
 def connect_once(
-    flags: argparse.Namespace, stub: pb_grpc.LearnerStub, client_id: str, seed: int | None
+    flags: argparse.Namespace,
+    stub: pb_grpc.LearnerStub,
+    client_id: str,
+    seed: int | None,
+    stop: threading.Event,
 ) -> None:
-    """One stream to the learner, until either side ends it."""
+    """One stream to the learner, until either side ends it or ``stop`` is set."""
     outgoing: queue.Queue[pb.EnvMessage | None] = queue.Queue()
     responses = stub.ConnectEnv(iter(outgoing.get, None), metadata=network.call_metadata(flags))
     try:
         for message in env_session(flags, client_id, responses, seed, flags.client_steps):
             outgoing.put(message)
+            if stop.is_set():
+                break  # the half-close below lets the learner learn from what it got
     finally:
         outgoing.put(None)  # half-close: the learner learns from what it got
         try:
@@ -154,11 +160,16 @@ def run_client(
         if flags.seed is not None:
             seed = flags.seed * 100_003 + (os.getpid() % 1000) * 1000 + client_index
         try:
-            connect_once(flags, stub, client_id, seed)
+            connect_once(flags, stub, client_id, seed, stop)
             backoff = 0.1
             if flags.client_steps:
                 break  # a short-lived client: its one session is over
-        except grpc.RpcError as error:
+        except Exception as error:  # e.g. the environment failed: one line, and stop
+            if not isinstance(error, grpc.RpcError):
+                log.exception("Env client %s failed.", client_id)
+                failures.append(f"env client {client_id} failed: {error!r}")
+                stop.set()
+                break
             if error.code() in FATAL_CODES:
                 failures.append(
                     f"the learner at {flags.connect} refused {client_id}: "
