@@ -205,6 +205,29 @@ def test_ctrl_c_on_polybeast_saves_a_checkpoint_and_stops_every_process(tmp_path
     shutil.rmtree(sockets, ignore_errors=True)
 
 
+def test_polybeast_stops_with_one_line_when_all_its_env_servers_die(tmp_path, processes):
+    sockets = tempfile.mkdtemp(prefix="pb", dir="/tmp")
+    errors = tmp_path / "polybeast.log"
+    polybeast = processes(
+        "torchbeast.polybeast", *LEARNER, "--num_actors", "2", "--num_servers", "2",
+        "--pipes_basename", f"unix:{sockets}/env", "--total_steps", "1000000",
+        "--savedir", str(tmp_path), "--xpid", "r", log=errors,
+    )  # fmt: skip
+    wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training to start")
+    env_servers = [
+        pid for pid in processes_in_group(polybeast.pid)
+        if pid != polybeast.pid and "resource_tracker" not in text(f"/proc/{pid}/cmdline")
+    ]  # fmt: skip
+    assert len(env_servers) == 2
+    for pid in env_servers:
+        os.kill(pid, signal.SIGKILL)
+    assert polybeast.wait(timeout=60) == 1, text(errors)
+    error_lines = [line for line in text(errors).splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and "every env process" in error_lines[0], text(errors)
+    assert os.path.exists(tmp_path / "r" / "model.tar")  # what was learned is kept
+    shutil.rmtree(sockets, ignore_errors=True)
+
+
 # --------------------------------------------------------------------------- inverted
 
 

@@ -16,7 +16,7 @@ from torchbeast.runtime.poly import env_side, trainer
 def train(flags: argparse.Namespace) -> dict:
     processes = env_side.start_processes(trainer.env_flags(flags))
     try:
-        return trainer.train(flags)
+        return trainer.train(flags, processes)
     finally:
         env_side.stop_processes(processes)
 

@@ -82,8 +82,10 @@ class EpisodeLog:
 class PolyActorPool:
     """Env streams on one side, the learner's ``get_batch`` on the other."""
 
-    def __init__(self, flags: argparse.Namespace):
+    def __init__(self, flags: argparse.Namespace, env_processes: list | None = None):
+        """``env_processes``: the env processes this command started, watched for exits."""
         self.flags = flags
+        self.env_processes = env_processes or []
         self.spec: EnvSpec | None = None
         self.spec_known = threading.Event()
         self.model_ready = threading.Event()
@@ -111,6 +113,8 @@ class PolyActorPool:
     def listen(self) -> None:
         """Starts serving (inverted) or dialling (classic); streams wait for the model."""
         flags = self.flags
+        if self.env_processes:
+            threading.Thread(target=self._watch_env_processes, daemon=True).start()
         if flags.serve:
             self.server, self.port = network.create_server(flags, flags.serve, flags.max_clients)
             pb_grpc.add_LearnerServicer_to_server(LearnerServicer(self), self.server)
@@ -423,6 +427,17 @@ class PolyActorPool:
             # A server that keeps failing streams is retried ever more slowly; one that
             # is just down is waited for by wait_for_ready instead.
             backoff = min(2 * backoff, MAX_BACKOFF_S) if reason != "UNAVAILABLE" else 0.1
+
+    def _watch_env_processes(self) -> None:
+        """Stops the run with one line once every env process this command started died."""
+        while not self.stopping.wait(1.0):
+            codes = [process.exitcode for process in self.env_processes]
+            if all(code is not None for code in codes):
+                self.error = (
+                    f"every env process this command started has exited (exit codes {codes}); "
+                    "their errors are in the output above"
+                )
+                self.stopping.set()
 
     def _watch_connections(self) -> None:
         """Says once when no environment is left, instead of waiting silently."""

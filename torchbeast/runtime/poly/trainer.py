@@ -179,12 +179,15 @@ def test(flags: argparse.Namespace, render: bool = False) -> list[float]:
     return mono.test(flags, render)
 
 
-def train(flags: argparse.Namespace) -> dict:
-    """Starts the network side, waits for the first environment, then trains."""
+def train(flags: argparse.Namespace, env_processes: list | None = None) -> dict:
+    """Starts the network side, waits for the first environment, then trains.
+
+    ``env_processes``: env processes started for this run; if all of them exit, it stops.
+    """
     setup_console_logging()
     finish_learner_flags(flags)
     limit_intra_op_threads(flags)
-    pool = PolyActorPool(flags)
+    pool = PolyActorPool(flags, env_processes)
     try:
         pool.listen()
         return PolyTrainer(flags, pool).train()
