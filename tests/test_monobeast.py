@@ -61,8 +61,8 @@ def read_rows(path) -> list[dict[str, str]]:
     return rows
 
 
-def children_of(pid: int) -> list[int]:
-    """Live child processes of ``pid``, from /proc."""
+def live_processes(field: int, value: int) -> list[int]:
+    """Live processes whose /proc stat ``field`` (after the name) equals ``value``."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -72,9 +72,19 @@ def children_of(pid: int) -> list[int]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid and fields[0] != "Z":
+        if int(fields[field]) == value and fields[0] != "Z":
             found.append(int(entry))
     return found
+
+
+def children_of(pid: int) -> list[int]:
+    """Live child processes of ``pid``, from /proc."""
+    return live_processes(1, pid)  # field 1: the parent's pid
+
+
+def processes_in_group(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid``, from /proc."""
+    return live_processes(2, pgid)  # field 2: the process group
 
 
 def actor_pids(pid: int) -> list[int]:

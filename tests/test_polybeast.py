@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
-from tests.test_monobeast import read_rows
+from tests.test_monobeast import actor_pids, processes_in_group, read_rows
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import codec
 from torchbeast.runtime.poly import polybeast_pb2 as pb
@@ -90,20 +90,6 @@ def step_increments(run_dir) -> list[int]:
 def episodes(run_dir) -> list[dict[str, str]]:
     with open(os.path.join(run_dir, "episodes.csv")) as f:
         return list(csv.DictReader(f))
-
-
-def processes_in_group(pgid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                found.append(int(entry))
-    return found
 
 
 def text(path) -> str:
@@ -188,44 +174,39 @@ def test_a_killed_env_server_is_redialled_when_it_comes_back(tmp_path, processes
     assert learner.wait(timeout=30) == 0, text(learner_log)
 
 
-def test_ctrl_c_on_polybeast_saves_a_checkpoint_and_stops_every_process(tmp_path, processes):
-    log = tmp_path / "polybeast.log"
-    sockets = tempfile.mkdtemp(prefix="pb", dir="/tmp")
-    polybeast = processes(
+def start_polybeast(processes, tmp_path, sockets) -> subprocess.Popen:
+    """The one-command PolyBeast, training for long, with two env servers."""
+    return processes(
         "torchbeast.polybeast", *LEARNER, "--num_actors", "2", "--num_servers", "2",
         "--pipes_basename", f"unix:{sockets}/env", "--total_steps", "1000000",
-        "--savedir", str(tmp_path), "--xpid", "r", log=log,
+        "--savedir", str(tmp_path), "--xpid", "r", log=tmp_path / "polybeast.log",
     )  # fmt: skip
+
+
+def test_ctrl_c_on_polybeast_saves_a_checkpoint_and_stops_every_process(
+    tmp_path, processes, sockets
+):
+    polybeast = start_polybeast(processes, tmp_path, sockets)
     wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training to start")
-    assert len(processes_in_group(polybeast.pid)) >= 3  # the learner and two env servers
+    assert len(actor_pids(polybeast.pid)) == 2  # the two env servers
     os.killpg(polybeast.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
     polybeast.wait(timeout=60)
-    assert os.path.exists(tmp_path / "r" / "model.tar"), text(log)
+    assert os.path.exists(tmp_path / "r" / "model.tar"), text(tmp_path / "polybeast.log")
     wait_for(lambda: not processes_in_group(polybeast.pid), 15, "every process to stop")
-    shutil.rmtree(sockets, ignore_errors=True)
 
 
-def test_polybeast_stops_with_one_line_when_all_its_env_servers_die(tmp_path, processes):
-    sockets = tempfile.mkdtemp(prefix="pb", dir="/tmp")
-    errors = tmp_path / "polybeast.log"
-    polybeast = processes(
-        "torchbeast.polybeast", *LEARNER, "--num_actors", "2", "--num_servers", "2",
-        "--pipes_basename", f"unix:{sockets}/env", "--total_steps", "1000000",
-        "--savedir", str(tmp_path), "--xpid", "r", log=errors,
-    )  # fmt: skip
+def test_polybeast_stops_with_one_line_when_all_its_env_servers_die(tmp_path, processes, sockets):
+    polybeast = start_polybeast(processes, tmp_path, sockets)
     wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training to start")
-    env_servers = [
-        pid for pid in processes_in_group(polybeast.pid)
-        if pid != polybeast.pid and "resource_tracker" not in text(f"/proc/{pid}/cmdline")
-    ]  # fmt: skip
+    env_servers = actor_pids(polybeast.pid)
     assert len(env_servers) == 2
     for pid in env_servers:
         os.kill(pid, signal.SIGKILL)
-    assert polybeast.wait(timeout=60) == 1, text(errors)
-    error_lines = [line for line in text(errors).splitlines() if line.startswith("error:")]
-    assert len(error_lines) == 1 and "every env process" in error_lines[0], text(errors)
+    output = tmp_path / "polybeast.log"
+    assert polybeast.wait(timeout=60) == 1, text(output)
+    error_lines = [line for line in text(output).splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and "every env process" in error_lines[0], text(output)
     assert os.path.exists(tmp_path / "r" / "model.tar")  # what was learned is kept
-    shutil.rmtree(sockets, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- inverted

@@ -392,9 +392,9 @@ class PolyActorPool:
         for attempt in itertools.count():
             if self.stopping.is_set():
                 return
-            requests = _Outbox()
+            requests: queue.Queue[pb.Action | None] = queue.Queue()  # None: half-close
             # wait_for_ready: a server that is not up (yet, or again) is waited for.
-            call = stub.StreamEnv(iter(requests), metadata=metadata, wait_for_ready=True)
+            call = stub.StreamEnv(iter(requests.get, None), metadata=metadata, wait_for_ready=True)
             try:
                 for action in self.serve_env(call):
                     requests.put(action)
@@ -414,7 +414,7 @@ class PolyActorPool:
             except Closed:
                 return
             finally:
-                requests.close()
+                requests.put(None)
                 call.cancel()
             if self.stopping.is_set():
                 return
@@ -457,22 +457,6 @@ class PolyActorPool:
 def client_id_of(client_id: str, env: int, num_envs: int) -> str:
     """The id an env of a stream is logged under: the client's, plus its index if several."""
     return client_id if num_envs == 1 else f"{client_id}/{env}"
-
-
-class _Outbox:
-    """The request side of a client stream: what the learner puts, gRPC sends."""
-
-    def __init__(self):
-        self.items: queue.Queue = queue.Queue()
-
-    def put(self, item) -> None:
-        self.items.put(item)
-
-    def close(self) -> None:
-        self.items.put(None)
-
-    def __iter__(self):
-        return iter(self.items.get, None)
 
 
 class LearnerServicer(pb_grpc.LearnerServicer):
