@@ -380,3 +380,116 @@ def test_episodes_ending_in_padded_steps_are_not_counted():
     batch["episode_return"][2, 1], batch["episode_return"][4, 1] = 7.0, 99.0
     stats = Learner(flags, make_model(flags)).learn(batch)
     assert (stats["mean_episode_return"], stats["episodes"]) == (7.0, 1)
+
+
+# --------------------------------------------------------------------------- LASER
+
+
+def learn_mixed(flags, batch, num_online):
+    """Stats and gradients of one update of a fresh model on online + replayed columns."""
+    model = make_model(flags)
+    learner = Learner(flags, model)
+    stats = learner.learn(batch, model.initial_state(batch["reward"].shape[1]), num_online)
+    return stats, [p.grad.clone() for p in model.parameters()]
+
+
+def with_behaviour_logits(flags, batch, columns, moved_steps=()):
+    """``batch`` whose behaviour logits in ``columns`` equal the fresh model's own policy
+    (KL 0), except at the new steps ``moved_steps``, where they put almost all mass on
+    another action (a KL of several nats)."""
+    with torch.no_grad():
+        outputs, _ = make_model(flags)(batch, ())
+    batch = {name: tensor.clone() for name, tensor in batch.items()}
+    for b in columns:
+        batch["policy_logits"][1:, b] = outputs["policy_logits"][:-1, b]
+        for t in moved_steps:
+            batch["policy_logits"][1 + t, b] = torch.tensor([20.0, -20.0])
+            batch["action"][1 + t, b] = 1  # rare under mu: a huge rho, were it not cut
+    return batch
+
+
+def test_policy_kl_is_the_kl_of_the_target_from_the_behaviour_policy():
+    target = torch.log(torch.tensor([[[0.5, 0.5]], [[0.9, 0.1]]]))  # [T=2, B=1, A=2]
+    behaviour = torch.log(torch.tensor([[[0.9, 0.1]], [[0.9, 0.1]]]))
+    expected = 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)  # 0.5108 nats
+    kl = losses.policy_kl(target, behaviour)
+    assert kl.shape == (2, 1)
+    assert kl[0, 0] == pytest.approx(expected, rel=1e-6)
+    assert kl[1, 0] == pytest.approx(0.0, abs=1e-7)
+
+
+def test_replayed_states_beyond_the_trust_region_add_nothing():
+    flags = make_flags(*UNCLIPPED, "--replay_size", "1000")
+    online = make_batch(0)
+    replayed = with_behaviour_logits(flags, make_batch(1), range(B), moved_steps=range(T))
+    mixed = {name: torch.cat([online[name], replayed[name]], dim=1) for name in online}
+
+    stats, grads = learn_mixed(flags, mixed, num_online=B)
+    online_stats, online_grads = learn_mixed(flags, online, num_online=B)
+
+    assert stats["trusted_fraction"] == 0.0
+    assert stats["replayed_columns"] == B
+    for name in LOSSES:
+        assert stats[name] == pytest.approx(online_stats[name], rel=1e-5), name
+    for grad, online_grad in zip(grads, online_grads, strict=True):
+        torch.testing.assert_close(grad, online_grad, rtol=1e-5, atol=1e-7)
+
+
+def test_trusted_replayed_states_add_policy_and_baseline_losses_but_no_entropy():
+    flags = make_flags(*UNCLIPPED, "--replay_size", "1000")
+    online = make_batch(0)
+    replayed = with_behaviour_logits(flags, make_batch(1), range(B))
+    mixed = {name: torch.cat([online[name], replayed[name]], dim=1) for name in online}
+
+    stats, _ = learn_mixed(flags, mixed, num_online=B)
+    online_stats, _ = learn_mixed(flags, online, num_online=B)
+    replayed_stats, _ = learn_mixed(flags, replayed, num_online=B)  # as if it were online
+
+    assert stats["trusted_fraction"] == 1.0
+    for name in ("pg_loss", "baseline_loss"):
+        expected = online_stats[name] + replayed_stats[name]
+        assert stats[name] == pytest.approx(expected, rel=1e-5), name
+    assert stats["entropy_loss"] == pytest.approx(online_stats["entropy_loss"], rel=1e-6)
+
+
+def test_trust_region_cuts_exactly_the_states_beyond_the_threshold():
+    flags = make_flags("--replay_size", "1000")
+    moved = (1, 3)
+    replayed = with_behaviour_logits(flags, make_batch(1), range(B), moved_steps=moved)
+    stats, _ = learn_mixed(flags, replayed, num_online=1)  # columns 1 and 2 replayed
+    assert stats["trusted_fraction"] == pytest.approx((T - len(moved)) / T)
+
+
+def test_a_cut_state_is_cut_from_the_vtrace_traces_like_a_masked_step():
+    # A replayed column with step 2 beyond the trust region learns exactly like the same
+    # column with step 2 masked out: no loss term there, and no trace through it.
+    flags = make_flags(*UNCLIPPED, "--replay_size", "1000")
+    replayed = with_behaviour_logits(flags, make_batch(1), range(B), moved_steps=(2,))
+    online_stats, _ = learn_mixed(flags, replayed, num_online=B)
+    mask = torch.ones(T + 1, B, dtype=torch.bool)
+    mask[1 + 2, 1:] = False
+    masked = replayed | {"mask": mask}
+    cut_stats, _ = learn_mixed(flags, replayed, num_online=1)
+    masked_stats, _ = learn_mixed(flags, masked, num_online=B)
+    assert online_stats["pg_loss"] != pytest.approx(cut_stats["pg_loss"], rel=1e-3)
+    for name in ("pg_loss", "baseline_loss"):
+        assert cut_stats[name] == pytest.approx(masked_stats[name], rel=1e-5), name
+    # Entropy differs by design (replayed columns have none), so compare gradients of
+    # the policy and baseline terms only through a run without entropy cost.
+    flags = make_flags(*UNCLIPPED, "--replay_size", "1000", "--entropy_cost", "0")
+    _, cut_grads = learn_mixed(flags, replayed, num_online=1)
+    _, masked_grads = learn_mixed(flags, masked, num_online=B)
+    for cut_grad, masked_grad in zip(cut_grads, masked_grads, strict=True):
+        torch.testing.assert_close(cut_grad, masked_grad, rtol=1e-5, atol=1e-7)
+
+
+def test_steps_and_episodes_count_online_columns_only():
+    flags = make_flags("--replay_size", "1000")
+    batch = make_batch(0)
+    batch["episode_end"][:] = False
+    batch["episode_end"][2, 0] = batch["episode_end"][3, 2] = True
+    batch["episode_return"][2, 0], batch["episode_return"][3, 2] = 5.0, 99.0
+    learner = Learner(flags, make_model(flags))
+    stats = learner.learn(batch, (), num_online=2)
+    assert stats["step"] == learner.step == T * 2
+    assert (stats["mean_episode_return"], stats["episodes"]) == (5.0, 1)

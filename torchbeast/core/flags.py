@@ -137,6 +137,38 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
         help="(new) Fully connected layers in the torso (default: 1 for conv nets, 2 for MLP).",
     )
 
+    # LASER shared experience replay (Schmitt, Hessel, Simonyan 2019).
+    add(
+        "--replay_size",
+        default=0,
+        type=nonnegative_int,
+        metavar="N",
+        help="(new) Replay capacity in transitions, shared by all actors; 0 turns replay off.",
+    )
+    add(
+        "--replay_ratio",
+        default=1,
+        type=nonnegative_int,
+        metavar="K",
+        help="(new) Replayed rollouts per online rollout in each learner batch: "
+        "B online + B*K replayed (7 is the paper's 87.5%% replay).",
+    )
+    add(
+        "--learn_start",
+        default=10000,
+        type=nonnegative_int,
+        metavar="N",
+        help="(new) Transitions in the replay before it is sampled (at most --replay_size).",
+    )
+    add(
+        "--trust_region_threshold",
+        default=0.5,
+        type=positive_float,
+        metavar="KL",
+        help="(new) Replayed states whose KL(current policy || behaviour policy) exceeds "
+        "this, in nats, are left out of V-trace and every loss term.",
+    )
+
     # Test mode.
     add(
         "--num_episodes",

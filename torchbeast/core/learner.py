@@ -11,6 +11,12 @@ prefix of each column (index 0 is always real). Padded steps add nothing to the 
 the gradient, the step count or the episode statistics; the last real step bootstraps
 from the learner's value of the last real frame unless its episode ended there. Without
 "mask" every step is real.
+
+With LASER replay (``num_online`` < B) the columns after the first ``num_online`` were
+replayed. A replayed state whose behaviour policy is further than
+``--trust_region_threshold`` (KL, in nats) from the current policy is treated like a
+padded step: cut from the V-trace traces and left out of every loss term. The entropy
+term, the step count and the episode statistics use online columns only.
 """
 
 from __future__ import annotations
@@ -75,9 +81,16 @@ class Learner:
         self.updates = 0
 
     def learn(
-        self, batch: dict[str, torch.Tensor], initial_core_state: CoreState = ()
+        self,
+        batch: dict[str, torch.Tensor],
+        initial_core_state: CoreState = (),
+        num_online: int | None = None,
     ) -> dict[str, float]:
-        """One update on ``batch`` ([T+1, B, ...] on the model's device); returns stats."""
+        """One update on ``batch`` ([T+1, B, ...] on the model's device); returns stats.
+
+        ``num_online``: the first columns that came from actors just now; the rest were
+        replayed (default: all online).
+        """
         flags = self.flags
         with self.lock:
             # A NaN input would make the model's action sampling fail before the loss check.
@@ -95,6 +108,23 @@ class Learner:
             batch = {key: tensor[1:] for key, tensor in batch.items()}
             learner_outputs = {key: tensor[:-1] for key, tensor in learner_outputs.items()}
             mask = batch.get("mask")  # [T, B] True for real new steps, or None: all real
+            T, B = batch["reward"].shape
+            num_online = B if num_online is None else num_online
+            real = torch.ones(T, B, dtype=torch.bool, device=batch["reward"].device)
+            if mask is not None:
+                real = mask.bool()
+            online = torch.zeros_like(real)  # [T, B] real steps of online columns
+            online[:, :num_online] = real[:, :num_online]
+            loss_mask, entropy_mask, trusted_fraction = mask, mask, math.nan
+            if num_online < B:
+                kl = losses.policy_kl(
+                    learner_outputs["policy_logits"], batch["policy_logits"]
+                )  # [T, B]
+                trusted = kl <= flags.trust_region_threshold
+                replayed = real & ~online
+                trusted_fraction = float((trusted & replayed).sum()) / max(int(replayed.sum()), 1)
+                loss_mask = online | (replayed & trusted)  # [T, B]
+                entropy_mask = online
 
             rewards = losses.clip_rewards(batch["reward"], flags.reward_clipping)  # [T, B]
             discounts = (~batch["done"]).float() * flags.discounting  # [T, B]
@@ -107,20 +137,20 @@ class Learner:
                 rewards=rewards,
                 values=learner_outputs["baseline"],
                 bootstrap_value=bootstrap_value,
-                mask=mask,
+                mask=loss_mask,
             )
 
             pg_loss = losses.policy_gradient_loss(
                 learner_outputs["policy_logits"],
                 batch["action"],
                 vtrace_returns.pg_advantages,
-                mask=mask,
+                mask=loss_mask,
             )
             baseline_loss = flags.baseline_cost * losses.baseline_loss(
-                vtrace_returns.vs - learner_outputs["baseline"], mask=mask
+                vtrace_returns.vs - learner_outputs["baseline"], mask=loss_mask
             )
             entropy_loss = flags.entropy_cost * losses.entropy_loss(
-                learner_outputs["policy_logits"], mask=mask
+                learner_outputs["policy_logits"], mask=entropy_mask
             )
             total_loss = pg_loss + baseline_loss + entropy_loss
 
@@ -138,21 +168,14 @@ class Learner:
             self.optimizer.step()
             self.scheduler.step()
 
-            if mask is None:
-                T, B = batch["reward"].shape
-                self.step += T * B
-            else:
-                self.step += int(mask.sum())
+            self.step += int(online.sum())
             self.updates += 1
             if self.on_update is not None:
                 self.on_update(self.model)
 
-            episode_end = (
-                batch["episode_end"] if mask is None else batch["episode_end"] & mask.bool()
-            )
-            episode_returns = batch["episode_return"][episode_end]
+            episode_returns = batch["episode_return"][batch["episode_end"] & online]
             mean_return = episode_returns.mean() if episode_returns.numel() else math.nan
-            return {
+            stats = {
                 "step": self.step,
                 "total_loss": total,
                 "mean_episode_return": float(mean_return),
@@ -163,6 +186,10 @@ class Learner:
                 "learning_rate": self.scheduler.get_last_lr()[0],
                 "grad_norm": norm,
             }
+            if flags.replay_size > 0:
+                stats["replayed_columns"] = B - num_online
+                stats["trusted_fraction"] = trusted_fraction
+            return stats
 
     def state_dict(self) -> dict:
         return {

@@ -53,6 +53,17 @@ def entropy_loss(logits: torch.Tensor, mask: torch.Tensor | None = None) -> torc
     return _masked_sum(torch.sum(policy * log_policy, dim=-1), mask)  # [T, B] summed
 
 
+def policy_kl(target_logits: torch.Tensor, behaviour_logits: torch.Tensor) -> torch.Tensor:
+    """KL(pi || mu) per state, in nats: how far the target policy moved from the behaviour one.
+
+    target_logits, behaviour_logits: [T, B, A]. Returns [T, B], without gradient.
+    """
+    with torch.no_grad():
+        log_pi = F.log_softmax(target_logits, dim=-1)
+        log_mu = F.log_softmax(behaviour_logits, dim=-1)
+        return torch.sum(log_pi.exp() * (log_pi - log_mu), dim=-1)
+
+
 def clip_rewards(rewards: torch.Tensor, mode: str) -> torch.Tensor:
     if mode == "abs_one":
         return torch.clamp(rewards, -1, 1)

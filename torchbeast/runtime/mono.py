@@ -38,6 +38,7 @@ from torchbeast import envs
 from torchbeast.core import checkpoint, rollout
 from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.models import create_model, model_config
+from torchbeast.runtime.acting import Unroller, actor_seed
 from torchbeast.runtime.processes import die_with_parent
 from torchbeast.runtime.training import Trainer
 
@@ -135,27 +136,10 @@ def actor_process(
 def run_actor(
     actor_index: int, incarnation: int, shared: ActorShared, conn: mp.connection.Connection
 ) -> None:
-    flags, env_spec, buffers = shared.flags, shared.env_spec, shared.buffers
-    num_envs = flags.envs_per_actor
-    seed = None
-    if flags.seed is not None:
-        seed = flags.seed * 100_003 + (incarnation * flags.num_actors + actor_index) * num_envs
-        torch.manual_seed(seed)
-    else:
-        torch.seed()  # every new process starts from torch's one fixed seed otherwise
-    env = envs.create_env(flags, num_envs=num_envs, num_threads=1)
-    model = create_model(shared.config, env_spec.observation_shape, env_spec.num_actions)
-    model.train()  # sample actions
-    version = shared.weights.read_into(model, -1)
-
-    env_output = {k: torch.from_numpy(v) for k, v in env.reset(seed=seed).items()}
-    agent_output = {
-        "policy_logits": torch.zeros(num_envs, env_spec.num_actions),
-        "baseline": torch.zeros(num_envs),
-        "action": torch.zeros(num_envs, dtype=torch.int64),
-    }
-    core_state = model.initial_state(num_envs)
-    env_time = inference_time = 0.0  # CPU seconds, reported for the benchmark
+    flags = shared.flags
+    seed = actor_seed(flags, actor_index, incarnation)
+    unroller = Unroller(flags, shared.env_spec, shared.config, seed)
+    version = shared.weights.read_into(unroller.model, -1)
     cpu_mark = time.process_time()
     conn.send(("ready", []))
 
@@ -163,41 +147,17 @@ def run_actor(
         slots = conn.recv()
         if slots is None:
             break
-        index = torch.tensor(slots)
-        # Step 0 repeats the last step of the previous rollout.
-        for key in rollout.ENV_KEYS:
-            buffers[key][index, 0] = env_output[key]
-        for key in rollout.AGENT_KEYS:
-            buffers[key][index, 0] = agent_output[key]
-        for stored, state in zip(shared.initial_core_states, core_state, strict=True):
-            stored[index] = state.transpose(0, 1)  # [E, layers, H]
-
-        for t in range(1, flags.unroll_length + 1):
-            start = time.process_time()
-            with torch.inference_mode():
-                inputs = {k: v.unsqueeze(0) for k, v in env_output.items()}  # [1, E, ...]
-                outputs, core_state = model(inputs, core_state)
-            agent_output = {k: v[0] for k, v in outputs.items()}  # [E, ...]
-            middle = time.process_time()
-            step = env.step(agent_output["action"].numpy())
-            env_output = {k: torch.from_numpy(v) for k, v in step.items()}
-            env_time += time.process_time() - middle
-            inference_time += middle - start
-            for key in rollout.ENV_KEYS:
-                buffers[key][index, t] = env_output[key]
-            for key in rollout.AGENT_KEYS:
-                buffers[key][index, t] = agent_output[key]
-
+        unroller.unroll(shared.buffers, torch.tensor(slots), shared.initial_core_states)
         now = time.process_time()
+        env_time, inference_time = unroller.take_times()
         shared.timings[actor_index] += torch.tensor(
-            [env_time, inference_time, now - cpu_mark, flags.unroll_length * num_envs],
+            [env_time, inference_time, now - cpu_mark, flags.unroll_length * len(slots)],
             dtype=torch.float64,
         )
-        env_time = inference_time = 0.0
         cpu_mark = now
         conn.send(("full", slots))
-        version = shared.weights.read_into(model, version)
-    env.close()
+        version = shared.weights.read_into(unroller.model, version)
+    unroller.close()
 
 
 # --------------------------------------------------------------------------- actor pool
@@ -237,6 +197,7 @@ class ActorPool:
 
         self.free_slots: collections.deque[int] = collections.deque(range(flags.num_buffers))
         self.full_slots: queue.Queue[int] = queue.Queue()
+        self.slot_sources: dict[int, tuple[int, int]] = {}  # slot -> (actor, env) that filled it
         self.lock = threading.Lock()
         self.waiting: collections.deque[int] = collections.deque()  # actors needing slots
         self.held: dict[int, list[int]] = {}
@@ -330,7 +291,8 @@ class ActorPool:
         with self.lock:
             if kind == "full":
                 self.held[actor_index] = []
-                for slot in payload:
+                for env_index, slot in enumerate(payload):
+                    self.slot_sources[slot] = (actor_index, env_index)
                     self.full_slots.put(slot)
             self.waiting.append(actor_index)
             self._serve_waiting()
@@ -380,9 +342,10 @@ class ActorPool:
     # Learner side.
 
     def get_batch(
-        self, device: torch.device
-    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...], list[int]] | None:
-        """B full rollouts stacked to [T+1, B, ...] on ``device``; None when stopping."""
+        self,
+    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...], list[tuple[int, int]]] | None:
+        """B full rollouts stacked to [T+1, B, ...], their initial core states and the
+        (actor, env) each came from; None when stopping."""
         slots: list[int] = []
         with self.batch_lock:
             while len(slots) < self.flags.batch_size:
@@ -395,16 +358,18 @@ class ActorPool:
                     continue
         index = torch.tensor(slots)
         batch = {
-            key: buffer.index_select(0, index).transpose(0, 1).to(device, non_blocking=True)
+            key: buffer.index_select(0, index).transpose(0, 1)
             for key, buffer in self.shared.buffers.items()
         }
         # [layers, B, H] per state tensor.
         core_state = tuple(
-            s.index_select(0, index).transpose(0, 1).contiguous().to(device)
+            s.index_select(0, index).transpose(0, 1).contiguous()
             for s in self.shared.initial_core_states
         )
+        with self.lock:
+            sources = [self.slot_sources[slot] for slot in slots]
         self.release(slots)
-        return batch, core_state, slots
+        return batch, core_state, sources
 
     def release(self, slots: list[int]) -> None:
         with self.lock:

@@ -1,7 +1,9 @@
 """The training loop every runtime shares: learner threads, progress, checkpoints, stop.
 
 A runtime provides a *pool*: it starts actors, hands the learner batches of rollouts
-(``get_batch``), and reports a failure that ends the run (``error``).
+(``get_batch``), and reports a failure that ends the run (``error``). With LASER
+(``--replay_size`` > 0) every online batch also goes into one replay shared by all actors,
+and each update learns from B online + B * ``--replay_ratio`` replayed rollouts.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Hashable
 from typing import Protocol
 
 import numpy as np
@@ -23,6 +26,8 @@ from torchbeast.core import checkpoint
 from torchbeast.core.filewriter import FileWriter
 from torchbeast.core.learner import Learner, NonFiniteLossError
 from torchbeast.core.models import count_parameters, create_model, model_config
+from torchbeast.core.replay import Replay
+from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
 
 log = logging.getLogger("torchbeast")
@@ -45,8 +50,11 @@ class Pool(Protocol):
     def stop(self) -> None: ...
 
     def get_batch(
-        self, device: torch.device
-    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...], object] | None: ...
+        self,
+    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...], list[Hashable]] | None:
+        """B rollouts [T+1, B, ...] on the CPU, their initial core states [layers, B, H],
+        and which env stream each column came from; None when stopping."""
+        ...
 
 
 class Trainer:
@@ -75,6 +83,10 @@ class Trainer:
         self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
         self.last_stats: dict = {}
         self.pool: Pool | None = None
+        self.replay: Replay | None = None
+        if flags.replay_size > 0:
+            check_replay_fits(flags, env_spec)
+            self.replay = Replay(flags.replay_size, flags.learn_start)
 
     def create_pool(self) -> Pool:
         """Starts the actors with the learner's current weights."""
@@ -107,14 +119,22 @@ class Trainer:
     def learner_thread(self, pool: Pool, writer: FileWriter) -> None:
         try:
             while self.learner.step < self.flags.total_steps and not self.stop_requested.is_set():
-                got = pool.get_batch(self.device)
+                got = pool.get_batch()
                 if got is None:
                     return
-                batch, core_state, _ = got
-                episode_returns = batch["episode_return"][1:][batch["episode_end"][1:]]
+                batch, core_state, sources = got
+                episode_end = batch["episode_end"][1:]
+                if "mask" in batch:
+                    episode_end = episode_end & batch["mask"][1:]
+                episode_returns = batch["episode_return"][1:][episode_end]
+                num_online = batch["reward"].shape[1]
+                if self.replay is not None:
+                    batch, core_state = self.add_replayed(batch, core_state, sources)
+                batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+                core_state = tuple(s.to(self.device) for s in core_state)
                 # Updates are serialised anyway; logging inside keeps logs.csv in step order.
                 with self.stats_lock:
-                    stats = self.learner.learn(batch, core_state)
+                    stats = self.learner.learn(batch, core_state, num_online)
                     self.recent_returns.extend(episode_returns.tolist())
                     self.last_stats = stats
                     writer.log(stats)
@@ -123,6 +143,29 @@ class Trainer:
         except BaseException as error:  # surfaced by the main thread, not swallowed
             self.failure = error
             self.stop_requested.set()
+
+    def add_replayed(
+        self,
+        batch: dict[str, torch.Tensor],
+        core_state: tuple[torch.Tensor, ...],
+        sources: list[Hashable],
+    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
+        """Stores the online rollouts, and appends B * replay_ratio replayed ones after them."""
+        assert self.replay is not None
+        self.replay.add(batch, core_state, sources)
+        num_online = batch["reward"].shape[1]
+        replayed = self.replay.sample(num_online * self.flags.replay_ratio)
+        if replayed is None:  # fewer than --learn_start transitions so far
+            return batch, core_state
+        replayed_batch, replayed_core_state = replayed
+        if "mask" not in batch:
+            batch = batch | {"mask": torch.ones(batch["reward"].shape, dtype=torch.bool)}
+        batch = {key: torch.cat([batch[key], replayed_batch[key]], dim=1) for key in batch}
+        core_state = tuple(
+            torch.cat([online, old], dim=1)
+            for online, old in zip(core_state, replayed_core_state, strict=True)
+        )
+        return batch, core_state
 
     def train(self) -> dict:
         flags = self.flags
@@ -229,4 +272,21 @@ class Trainer:
             stats["total_loss"],
             len(returns),
             mean_return,
+        )
+
+
+def check_replay_fits(flags: argparse.Namespace, env_spec: EnvSpec) -> None:
+    """Refuses a replay that could never fit in this machine's memory, before training."""
+    per_step = sum(
+        torch.Size(shape[1:]).numel() * dtype.itemsize
+        for shape, dtype in rollout_spec(env_spec, flags.unroll_length).values()
+    )
+    needed = flags.replay_size * per_step
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > 0.8 * memory:
+        affordable = int(0.8 * memory / per_step)
+        raise TrainingError(
+            f"--replay_size {flags.replay_size} needs about {needed / 2**30:.1f} GiB "
+            f"({per_step} bytes per transition of {flags.env}) but this machine has "
+            f"{memory / 2**30:.1f} GiB: use --replay_size {affordable} or less"
         )

@@ -190,22 +190,17 @@ class PolyActorPool:
 
     # ------------------------------------------------------------------ learner side
 
-    def get_batch(
-        self, device: torch.device
-    ) -> tuple[dict[str, torch.Tensor], CoreState, None] | None:
-        """B rollouts stacked to [T+1, B, ...] (with "mask"), and their initial core states."""
+    def get_batch(self) -> tuple[dict[str, torch.Tensor], CoreState, list[str]] | None:
+        """B rollouts stacked to [T+1, B, ...] (with "mask"), their initial core states
+        and the env id each came from."""
         items = self.queue.get_batch(self.flags.batch_size)
         if items is None:
             return None
-        batch = {
-            key: torch.stack([item[0][key] for item in items], dim=1).to(device, non_blocking=True)
-            for key in items[0][0]
-        }
+        batch = {key: torch.stack([item[0][key] for item in items], dim=1) for key in items[0][0]}
         core_state = tuple(
-            torch.cat([item[1][i] for item in items], dim=1).to(device)
-            for i in range(len(items[0][1]))
+            torch.cat([item[1][i] for item in items], dim=1) for i in range(len(items[0][1]))
         )
-        return batch, core_state, None
+        return batch, core_state, [item[2] for item in items]
 
     def _infer(self, requests: list[tuple[dict[str, torch.Tensor], CoreState]]) -> list:
         """One forward pass for many streams: inputs [1, E, ...] each, batched on dim 1."""
@@ -345,7 +340,7 @@ class PolyActorPool:
                         "game",
                     )
                 if t == T:
-                    self._deliver(buffers, T, initial_core_state)
+                    self._deliver(client_id, buffers, T, initial_core_state)
                     for value in buffers.values():
                         value[0] = value[T]
                     initial_core_state, t = core_state, 0
@@ -362,12 +357,16 @@ class PolyActorPool:
                         "disconnect",
                     )
                 try:
-                    self._deliver(buffers, t, initial_core_state)
+                    self._deliver(client_id, buffers, t, initial_core_state)
                 except Closed:
                     pass
 
     def _deliver(
-        self, buffers: dict[str, torch.Tensor], length: int, core_state: CoreState
+        self,
+        client_id: str,
+        buffers: dict[str, torch.Tensor],
+        length: int,
+        core_state: CoreState,
     ) -> None:
         """Queues each env's rollout: its first ``length`` + 1 steps, zero-padded to T+1."""
         T1, num_envs = buffers["frame"].shape[:2]
@@ -379,7 +378,8 @@ class PolyActorPool:
                 for value in column.values():
                     value[length + 1 :] = 0
             column["mask"] = mask
-            self.queue.put((column, tuple(s[:, env : env + 1] for s in core_state)))
+            env_state = tuple(s[:, env : env + 1] for s in core_state)
+            self.queue.put((column, env_state, client_id_of(client_id, env, num_envs)))
 
     def _dial(self, address: str, index: int) -> None:
         """Classic mode: keeps one stream open to an env server, redialling with backoff."""

@@ -1,0 +1,266 @@
+"""LASER's shared experience replay (Schmitt, Hessel & Simonyan, 2019).
+
+Every actor's rollouts go into one replay shared by all actors and learner threads. Whole
+trajectories are kept: each env stream (a *source*) forms a *chain* of segments, one per
+rollout, and each step is stored once: a rollout's index 0 repeats the previous rollout's
+index T, so a segment that continues its chain stores only its new steps (its *transitions*)
+and takes its index 0 from the segment before it. The first segment of a chain also stores
+its index 0, as the chain's *head*.
+
+When the replay is full it forgets the oldest *episode* (FIFO by episode): the chain holding
+the oldest transition loses its steps up to and including the step that ends that episode.
+Replayed columns are segments drawn uniformly at random and rebuilt exactly as the learner
+saw them online, ``[T+1]`` steps with the overlap step first, zero-padded and masked when
+the segment is shorter than T.
+
+With an LSTM this is stale-state replay: a replayed sequence starts from the core state
+stored with its rollout, computed by the older policy that acted, not recomputed by the
+current one. A segment whose start was evicted begins at an episode start, where the model
+resets its state anyway, so it replays from zeros.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+# A step's identity, checked before a rollout is stitched to its source's chain.
+IDENTITY_KEYS = ("frame", "episode_step")
+
+
+@dataclass(eq=False)
+class _Segment:
+    """One rollout of one source: its new steps and the core state the rollout started from.
+
+    Index 0 of the column comes from ``head`` (a chain's first segment, or one whose start
+    was evicted) or else from the last step of ``previous``.
+    """
+
+    source: Hashable
+    steps: dict[str, torch.Tensor]  # [n, ...] the transitions, n >= 1
+    core_state: tuple[torch.Tensor, ...]  # each [layers, 1, H]
+    head: dict[str, torch.Tensor] | None = None  # [1, ...]
+    previous: _Segment | None = None
+    next: _Segment | None = None
+
+    def __len__(self) -> int:
+        return self.steps["done"].shape[0]
+
+    def first_step(self) -> dict[str, torch.Tensor]:
+        """The step before the first transition (the column's index 0), [1, ...]."""
+        if self.head is not None:
+            return self.head
+        return {key: tensor[-1:] for key, tensor in self.previous.steps.items()}
+
+
+class Replay:
+    """A FIFO-by-episode replay of rollouts shared by all actors; see the module docstring.
+
+    ``capacity`` is the most transitions (new steps; overlap steps do not count) it holds;
+    ``sample`` returns None until ``min(learn_start, capacity)`` transitions are stored.
+    Thread-safe: ``add`` and ``sample`` may be called from several threads.
+    """
+
+    def __init__(self, capacity: int, learn_start: int):
+        if capacity < 1:
+            raise ValueError(f"replay capacity must be at least 1, got {capacity}")
+        if learn_start < 0:
+            raise ValueError(f"learn_start must not be negative, got {learn_start}")
+        self.capacity = capacity
+        self.learn_start = min(learn_start, capacity)
+        self.episodes_evicted = 0  # evictions, each an episode or the stored part of one
+        self._transitions = 0
+        self._segments: list[_Segment] = []  # live segments, oldest first
+        self._tails: dict[Hashable, _Segment] = {}  # source -> its open chain's last segment
+        self._layout: dict[str, tuple[torch.Size, torch.dtype]] | None = None  # key -> step
+        self._unroll_length = 0
+        self._lock = threading.Lock()
+
+    @property
+    def transitions(self) -> int:
+        """Number of stored transitions."""
+        return self._transitions
+
+    @property
+    def stored_steps(self) -> int:
+        """Number of steps held in memory: transitions plus heads, counted from the tensors."""
+        with self._lock:
+            return sum(
+                len(segment) + (0 if segment.head is None else segment.head["done"].shape[0])
+                for segment in self._segments
+            )
+
+    def add(
+        self,
+        batch: dict[str, torch.Tensor],
+        core_state: tuple[torch.Tensor, ...],
+        sources: Sequence[Hashable],
+    ) -> None:
+        """Stores the real new steps of each column of ``batch``.
+
+        ``batch``: CPU tensors [T+1, B, ...] holding at least "frame" and "done", optionally
+        "mask" (bool [T+1, B], a prefix of real steps per column). ``core_state``: tensors
+        [layers, B, H], the state each rollout started from. ``sources``: B ids, the env
+        stream of each column.
+        """
+        with self._lock:
+            self._check_layout(batch, sources)
+            mask = batch.get("mask")  # [T+1, B] or None
+            for column, source in enumerate(sources):
+                length = self._unroll_length
+                if mask is not None:
+                    length = self._real_new_steps(mask[:, column], column)
+                self._add_column(batch, core_state, column, source, length)
+            while self._transitions > self.capacity:
+                self._evict_oldest_episode()
+
+    def sample(
+        self, count: int, generator: torch.Generator | None = None
+    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]] | None:
+        """``count`` segments drawn uniformly with replacement, or None before learn_start.
+
+        Returns the batch, [T+1, count, ...] with "mask" (bool [T+1, count]), and the core
+        state, each [layers, count, H].
+        """
+        if count < 1:
+            raise ValueError(f"sample count must be at least 1, got {count}")
+        with self._lock:
+            if not self._segments or self._transitions < self.learn_start:
+                return None
+            indices = torch.randint(len(self._segments), (count,), generator=generator)
+            return self._columns([self._segments[index] for index in indices.tolist()])
+
+    def contents(self) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]] | None:
+        """Every stored segment as a column, oldest first (for inspection), or None if empty."""
+        with self._lock:
+            if not self._segments:
+                return None
+            return self._columns(self._segments)
+
+    def _check_layout(self, batch: dict[str, torch.Tensor], sources: Sequence[Hashable]) -> None:
+        if len(sources) != batch["frame"].shape[1]:
+            raise ValueError(f"{len(sources)} sources for {batch['frame'].shape[1]} columns")
+        layout = {
+            key: (tensor.shape[2:], tensor.dtype) for key, tensor in batch.items() if key != "mask"
+        }
+        if self._layout is None:
+            self._layout = layout
+            self._unroll_length = batch["frame"].shape[0] - 1
+        elif layout != self._layout:
+            raise ValueError(
+                f"batch keys, shapes or dtypes {layout} differ from the first batch's "
+                f"{self._layout}; every actor must write the same rollout spec"
+            )
+        if batch["frame"].shape[0] != self._unroll_length + 1:
+            raise ValueError(
+                f"batch has {batch['frame'].shape[0]} steps, the replay holds rollouts of "
+                f"{self._unroll_length + 1} (unroll_length + 1)"
+            )
+
+    @staticmethod
+    def _real_new_steps(mask: torch.Tensor, column: int) -> int:
+        """L, the number of real new steps of a column given its mask [T+1]."""
+        real = int(mask.sum())
+        if real == 0 or not bool(mask[:real].all()):
+            raise ValueError(
+                f"mask of column {column} is not a prefix of real steps starting at index 0"
+            )
+        return real - 1
+
+    def _add_column(
+        self,
+        batch: dict[str, torch.Tensor],
+        core_state: tuple[torch.Tensor, ...],
+        column: int,
+        source: Hashable,
+        length: int,
+    ) -> None:
+        tail = self._tails.pop(source, None)
+        if length == 0:
+            return  # nothing new; the chain ends here
+        segment = _Segment(
+            source=source,
+            steps={key: batch[key][1 : length + 1, column].clone() for key in self._layout},
+            core_state=tuple(state[:, column : column + 1].clone() for state in core_state),
+        )
+        if tail is not None and self._continues(tail, batch, column):
+            segment.previous, tail.next = tail, segment
+        else:
+            segment.head = {key: batch[key][0:1, column].clone() for key in self._layout}
+        self._segments.append(segment)
+        self._transitions += length
+        if length == self._unroll_length:
+            self._tails[source] = segment  # a cut-short rollout ends its chain
+
+    @staticmethod
+    def _continues(tail: _Segment, batch: dict[str, torch.Tensor], column: int) -> bool:
+        """Whether the column's index 0 is the tail's last step (not a restarted actor)."""
+        return all(
+            torch.equal(tail.steps[key][-1], batch[key][0, column])
+            for key in IDENTITY_KEYS
+            if key in tail.steps
+        )
+
+    def _evict_oldest_episode(self) -> None:
+        """Drops the oldest chain's steps up to the end of its first episode, or all of them."""
+        segment = self._segments[0]
+        while segment is not None:
+            ends = torch.nonzero(segment.steps["done"]).flatten()  # [episode ends]
+            if len(ends) > 0:
+                self._drop_prefix(segment, int(ends[0]))
+                break
+            following = segment.next
+            self._remove(segment)
+            segment = following
+        self.episodes_evicted += 1
+
+    def _drop_prefix(self, segment: _Segment, end: int) -> None:
+        """Drops transitions 0..end of a chain's first segment; step ``end`` becomes a head."""
+        # Clone so the dropped steps' memory is freed; the done step moves, it is not copied.
+        head = {key: tensor[end : end + 1].clone() for key, tensor in segment.steps.items()}
+        if end + 1 == len(segment):
+            following = segment.next
+            self._remove(segment)
+            if following is not None:
+                following.head = head
+            return
+        self._transitions -= end + 1
+        segment.steps = {key: tensor[end + 1 :].clone() for key, tensor in segment.steps.items()}
+        segment.head = head
+        # It now starts at an episode start, where the model resets its state.
+        segment.core_state = tuple(torch.zeros_like(state) for state in segment.core_state)
+
+    def _remove(self, segment: _Segment) -> None:
+        """Forgets a chain's first segment; its successor, if any, becomes the first."""
+        self._segments.remove(segment)
+        self._transitions -= len(segment)
+        if segment.next is not None:
+            segment.next.previous = None
+        elif self._tails.get(segment.source) is segment:
+            del self._tails[segment.source]  # the chain is empty: the next rollout starts anew
+
+    def _columns(
+        self, segments: Sequence[_Segment]
+    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
+        """Segments rebuilt as columns: batch [T+1, N, ...] with "mask", core state."""
+        steps, count = self._unroll_length + 1, len(segments)
+        batch = {
+            key: torch.zeros((steps, count, *shape), dtype=dtype)
+            for key, (shape, dtype) in self._layout.items()
+        }
+        mask = torch.zeros((steps, count), dtype=torch.bool)  # [T+1, N]
+        for column, segment in enumerate(segments):
+            first, length = segment.first_step(), len(segment)
+            for key, tensor in batch.items():
+                tensor[0, column] = first[key][0]
+                tensor[1 : length + 1, column] = segment.steps[key]
+            mask[: length + 1, column] = True
+        batch["mask"] = mask
+        core_state = tuple(
+            torch.cat(states, dim=1)  # [layers, N, H]
+            for states in zip(*(segment.core_state for segment in segments), strict=True)
+        )
+        return batch, core_state

@@ -1,0 +1,96 @@
+"""What an actor does in every runtime that runs the model next to its environments.
+
+An actor steps ``envs_per_actor`` environments with a CPU copy of the model, one batched
+forward pass for all of them per step, and writes rollouts of T+1 steps: index 0 repeats
+the last step of its previous rollout. MonoBeast's actors write into shared memory,
+RayBeast's into buffers they return through Ray's object store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from torchbeast import envs
+from torchbeast.core import rollout
+from torchbeast.core.models import create_model
+
+
+def actor_seed(flags: argparse.Namespace, actor_index: int, incarnation: int) -> int | None:
+    """A distinct seed for each actor and each restart of it, derived from ``--seed``."""
+    if flags.seed is None:
+        return None
+    return flags.seed * 100_003 + (incarnation * flags.num_actors + actor_index) * (
+        flags.envs_per_actor
+    )
+
+
+class Unroller:
+    """An actor's environments and model; ``unroll`` writes one rollout of each env.
+
+    ``env_time`` and ``inference_time`` accumulate CPU seconds for the benchmark.
+    """
+
+    def __init__(
+        self, flags: argparse.Namespace, env_spec: rollout.EnvSpec, config: dict, seed: int | None
+    ):
+        if seed is not None:
+            torch.manual_seed(seed)
+        else:
+            torch.seed()  # every new process starts from torch's one fixed seed otherwise
+        self.unroll_length = flags.unroll_length
+        num_envs = flags.envs_per_actor
+        self.env = envs.create_env(flags, num_envs=num_envs, num_threads=1)
+        self.model = create_model(config, env_spec.observation_shape, env_spec.num_actions)
+        self.model.train()  # sample actions
+        self.env_output = {k: torch.from_numpy(v) for k, v in self.env.reset(seed=seed).items()}
+        self.agent_output = {
+            "policy_logits": torch.zeros(num_envs, env_spec.num_actions),
+            "baseline": torch.zeros(num_envs),
+            "action": torch.zeros(num_envs, dtype=torch.int64),
+        }
+        self.core_state = self.model.initial_state(num_envs)
+        self.env_time = self.inference_time = 0.0
+
+    def unroll(
+        self,
+        buffers: dict[str, torch.Tensor],
+        index: torch.Tensor,
+        initial_core_states: tuple[torch.Tensor, ...],
+    ) -> None:
+        """Writes env i's rollout to ``buffers[key][index[i]]`` ([T+1, ...]) and the core
+        state it starts from to ``initial_core_states[k][index[i]]`` ([layers, H])."""
+        # Step 0 repeats the last step of the previous rollout.
+        for key in rollout.ENV_KEYS:
+            buffers[key][index, 0] = self.env_output[key]
+        for key in rollout.AGENT_KEYS:
+            buffers[key][index, 0] = self.agent_output[key]
+        for stored, state in zip(initial_core_states, self.core_state, strict=True):
+            stored[index] = state.transpose(0, 1)  # [E, layers, H]
+
+        for t in range(1, self.unroll_length + 1):
+            start = time.process_time()
+            with torch.inference_mode():
+                inputs = {k: v.unsqueeze(0) for k, v in self.env_output.items()}  # [1, E, ...]
+                outputs, self.core_state = self.model(inputs, self.core_state)
+            self.agent_output = {k: v[0] for k, v in outputs.items()}  # [E, ...]
+            middle = time.process_time()
+            step = self.env.step(self.agent_output["action"].numpy())
+            self.env_output = {k: torch.from_numpy(v) for k, v in step.items()}
+            self.env_time += time.process_time() - middle
+            self.inference_time += middle - start
+            for key in rollout.ENV_KEYS:
+                buffers[key][index, t] = self.env_output[key]
+            for key in rollout.AGENT_KEYS:
+                buffers[key][index, t] = self.agent_output[key]
+
+    def take_times(self) -> tuple[float, float]:
+        """(env, inference) CPU seconds since the last call."""
+        times = (self.env_time, self.inference_time)
+        self.env_time = self.inference_time = 0.0
+        return times
+
+    def close(self) -> None:
+        self.env.close()
