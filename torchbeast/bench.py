@@ -2,18 +2,21 @@
 
     python -m torchbeast.bench                      # MonoBeast, Pong, AtariNet, B=4, T=80
     python -m torchbeast.bench --runtime poly       # PolyBeast over Unix sockets, same run
+    python -m torchbeast.bench --runtime ray        # RayBeast on a local Ray, same run
     python -m torchbeast.bench --env CartPole-v1    # small-model figure
 
 Takes every training flag. After ``--warmup_steps`` it measures ``--bench_steps`` agent
-steps: wall-clock SPS, and CPU milliseconds per agent step in each stage. MonoBeast:
-stepping environments, actor inference, elsewhere in actors, and the learner process
-(batching, learning, publishing weights). PolyBeast: the env server processes (envs and
-gRPC) and the learner process (gRPC, batched inference, learning). The stage costs imply
-a ceiling: cores / total CPU per step.
+steps: wall-clock SPS, and CPU milliseconds per agent step in each stage. MonoBeast and
+RayBeast: stepping environments, actor inference, elsewhere in actors, and the learner
+process (batching, learning, publishing weights; for RayBeast the Ray driver, without
+Ray's own daemons). PolyBeast: the env server processes (envs and gRPC) and the learner
+process (gRPC, batched inference, learning). The stage costs imply a ceiling: cores /
+total CPU per step.
 
-The same layout for both runtimes: MonoBeast runs ``num_actors`` processes of
-``envs_per_actor`` envs; PolyBeast runs ``num_actors`` env servers, each streaming
-``envs_per_actor`` envs to the learner, which batches inference over all of them.
+The same layout for every runtime: MonoBeast runs ``num_actors`` processes of
+``envs_per_actor`` envs, RayBeast as many Ray actors; PolyBeast runs ``num_actors`` env
+servers, each streaming ``envs_per_actor`` envs to the learner, which batches inference
+over all of them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import time
 import numpy as np
 import torch
 
+from torchbeast import raybeast
 from torchbeast.cli import report_errors
 from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.flags import nonnegative_int, parse_flags, positive_int
@@ -54,7 +58,7 @@ def make_bench_parser() -> argparse.ArgumentParser:
         envs_per_actor=8,
         total_steps=10**12,
     )
-    parser.add_argument("--runtime", default="mono", choices=["mono", "poly"])
+    parser.add_argument("--runtime", default="mono", choices=["mono", "poly", "ray"])
     parser.add_argument("--warmup_steps", type=nonnegative_int, default=20_000)
     parser.add_argument("--bench_steps", type=positive_int, default=60_000)
     return parser
@@ -76,10 +80,10 @@ def process_cpu_seconds(pids: list[int]) -> float:
 
 def stage_totals(trainer: Trainer, env_pids: list[int]) -> np.ndarray:
     """Cumulative CPU seconds per stage and the actors' agent steps, for either runtime."""
-    if isinstance(trainer, MonoTrainer):
-        env_cpu, inference_cpu, actor_cpu, actor_steps = trainer.pool.timing_totals()
-        return np.array([env_cpu, inference_cpu, actor_cpu - env_cpu - inference_cpu])
-    return np.array([process_cpu_seconds(env_pids), 0.0, 0.0])
+    if isinstance(trainer, PolyTrainer):
+        return np.array([process_cpu_seconds(env_pids), 0.0, 0.0])
+    env_cpu, inference_cpu, actor_cpu, actor_steps = trainer.pool.timing_totals()
+    return np.array([env_cpu, inference_cpu, actor_cpu - env_cpu - inference_cpu])
 
 
 def measure(
@@ -144,6 +148,22 @@ def run_poly(flags: argparse.Namespace, start_measuring, folder: str) -> Trainer
     return trainer
 
 
+def run_ray(flags: argparse.Namespace, start_measuring) -> Trainer:
+    """A local Ray instance with ``num_actors`` Ray actors of ``envs_per_actor`` envs."""
+    flags.ray_address, flags.suppress_logs, flags.episodes_for_avg = None, False, 0
+    raybeast.prepare_environment(flags)
+    from torchbeast.runtime import ray_actors  # imports Ray: after prepare_environment
+
+    ray_actors.connect(flags)
+    try:
+        trainer = ray_actors.RayTrainer(flags)
+        start_measuring(trainer, [])
+        trainer.train()
+    finally:
+        ray_actors.ray.shutdown()
+    return trainer
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_bench_parser()
     flags = parse_flags(argv, parser)
@@ -168,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if flags.runtime == "poly":
                     run_poly(flags, start_measuring, folder)
+                elif flags.runtime == "ray":
+                    run_ray(flags, start_measuring)
                 else:
                     run_mono(flags, start_measuring)
             finally:
@@ -204,7 +226,7 @@ def print_result(flags: argparse.Namespace, trainer: Trainer, result: dict) -> N
             f"env {result['env_ms']:.3f}, inference {result['inference_ms']:.3f}, actor other "
             f"{result['actor_other_ms']:.3f}, learner {result['learner_ms']:.3f}"
         )
-    name = {"mono": "MonoBeast", "poly": "PolyBeast"}[flags.runtime]
+    name = {"mono": "MonoBeast", "poly": "PolyBeast", "ray": "RayBeast"}[flags.runtime]
     print(
         f"{name} benchmark: {flags.env}, {trainer.config['kind']} model, "
         f"B={flags.batch_size}, T={flags.unroll_length}, {layout}, "

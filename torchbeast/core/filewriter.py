@@ -56,6 +56,18 @@ def setup_console_logging() -> None:
         log.propagate = False
 
 
+def suppress_console_logs() -> None:
+    """Keeps only progress lines (steps, SPS, loss, mean return) and warnings on the
+    console; out.log still gets everything."""
+
+    def progress_or_warning(record: logging.LogRecord) -> bool:
+        return record.name == "torchbeast.progress" or record.levelno >= logging.WARNING
+
+    for handler in log.handlers:
+        if type(handler) is logging.StreamHandler:
+            handler.addFilter(progress_or_warning)
+
+
 class FileWriter:
     def __init__(self, flags: argparse.Namespace, tensorboard: bool = True):
         self.directory = os.path.join(flags.savedir, flags.xpid)

@@ -31,6 +31,7 @@ from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
 
 log = logging.getLogger("torchbeast")
+progress_log = logging.getLogger("torchbeast.progress")  # the lines --suppress_logs keeps
 
 PROGRESS_INTERVAL_S = 5.0
 
@@ -135,7 +136,7 @@ class Trainer:
                 # Updates are serialised anyway; logging inside keeps logs.csv in step order.
                 with self.stats_lock:
                     stats = self.learner.learn(batch, core_state, num_online)
-                    self.recent_returns.extend(episode_returns.tolist())
+                    self.record_returns(episode_returns.tolist())
                     self.last_stats = stats
                     writer.log(stats)
             # Done: the other learner threads may be waiting for rollouts that never come.
@@ -143,6 +144,10 @@ class Trainer:
         except BaseException as error:  # surfaced by the main thread, not swallowed
             self.failure = error
             self.stop_requested.set()
+
+    def record_returns(self, returns: list[float]) -> None:
+        """Notes the returns of episodes that just ended (stats_lock held)."""
+        self.recent_returns.extend(returns)
 
     def add_replayed(
         self,
@@ -262,10 +267,10 @@ class Trainer:
             stats = dict(self.last_stats)
             returns = list(self.recent_returns)
         if not stats:
-            log.info("Steps %d: waiting for the first batch from the actors.", step)
+            progress_log.info("Steps %d: waiting for the first batch from the actors.", step)
             return
         mean_return = f"{np.mean(returns):.1f}" if returns else "n/a"
-        log.info(
+        progress_log.info(
             "Steps %d @ %.1f SPS. Loss %.4g. Mean return (last %d episodes) %s.",
             step,
             sps,

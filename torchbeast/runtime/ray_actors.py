@@ -1,0 +1,370 @@
+"""RayBeast: actors are Ray actors; rollouts and weights move through Ray's object store.
+
+    Ray actor i (a process, on any node)           driver: the learner
+    ------------------------------------           -------------------
+    E envs, a CPU model copy                       RayActorPool keeps TASKS_PER_ACTOR unroll
+    unroll(weights, version):        <-- task --     tasks in flight per actor; a collector
+      load the weights if newer                      thread waits for finished ones (ray.wait),
+      step E envs T times, batched                   queues their E columns and asks again
+      return arrays [E, T+1, ...]    -- object -->   learner threads: stack B columns, learn
+                                                     publish: one ray.put per update
+
+An actor that dies (its process killed, its node lost) fails its tasks with a
+RayActorError; the collector starts a new actor in its place and asks it for rollouts.
+Import this module only after ``raybeast.prepare_environment``: Ray reads some settings
+from the environment when it is first imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+import ray
+import torch
+from torch import nn
+
+from torchbeast import envs
+from torchbeast.core import rollout
+from torchbeast.core.filewriter import setup_console_logging, suppress_console_logs
+from torchbeast.runtime.acting import Unroller, actor_seed
+from torchbeast.runtime.poly.batching import Closed, RolloutQueue
+from torchbeast.runtime.training import Trainer, TrainingError, progress_log
+
+log = logging.getLogger("torchbeast")
+
+TASKS_PER_ACTOR = 2  # one running, one queued: an actor never waits to be asked
+MAX_DEATHS_PER_MINUTE_PER_ACTOR = 3
+WAIT_S = 0.1
+
+
+# --------------------------------------------------------------------------- actor
+
+
+class RolloutActor:
+    """A Ray actor: ``envs_per_actor`` environments and a CPU copy of the model."""
+
+    def __init__(
+        self,
+        flags: argparse.Namespace,
+        env_spec: rollout.EnvSpec,
+        config: dict,
+        actor_index: int,
+        incarnation: int,
+    ):
+        torch.set_num_threads(1)
+        num_envs = flags.envs_per_actor
+        seed = actor_seed(flags, actor_index, incarnation)
+        self.unroller = Unroller(flags, env_spec, config, seed)
+        self.buffers = rollout.allocate(env_spec, flags.unroll_length, num_envs)  # [E, T+1, ...]
+        state = self.unroller.model.initial_state(1)  # each [layers, 1, H]
+        self.initial_core_states = tuple(torch.zeros(num_envs, *s.shape[::2]) for s in state)
+        self.index = torch.arange(num_envs)
+        self.version = -1
+        self.cpu_mark = time.process_time()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def unroll(self, weights: list[ray.ObjectRef], version: int) -> dict:
+        """One rollout of each env with weights ``version`` (fetched only if newer).
+
+        ``weights`` is a one-element list so that Ray does not fetch the object for a task
+        that already holds that version. Returns numpy arrays, which Ray passes without
+        pickling element by element: rollout [E, T+1, ...], core_state [E, layers, H] each,
+        timings (env, inference, all CPU seconds, agent steps).
+        """
+        if version != self.version:
+            flat = ray.get(weights[0])  # [num_parameters] float32
+            nn.utils.vector_to_parameters(torch.tensor(flat), self.unroller.model.parameters())
+            self.version = version
+        self.unroller.unroll(self.buffers, self.index, self.initial_core_states)
+        env_time, inference_time = self.unroller.take_times()
+        now = time.process_time()
+        steps = self.unroller.unroll_length * len(self.index)
+        timings = np.array([env_time, inference_time, now - self.cpu_mark, steps])
+        self.cpu_mark = now
+        # Ray copies the arrays into the object store as the task returns, so the buffers
+        # can be refilled by the next task.
+        return {
+            "rollout": {key: value.numpy() for key, value in self.buffers.items()},
+            "core_state": tuple(s.numpy() for s in self.initial_core_states),
+            "timings": timings,
+        }
+
+
+RemoteRolloutActor = ray.remote(max_restarts=0)(RolloutActor)
+
+
+# --------------------------------------------------------------------------- weights
+
+
+class RayWeights:
+    """The learner's newest weights in the object store: one ``ray.put`` per update."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.ref: ray.ObjectRef | None = None
+        self.version = -1
+
+    def publish(self, model: nn.Module) -> None:
+        flat = nn.utils.parameters_to_vector(model.parameters()).detach().cpu().numpy()
+        ref = ray.put(flat)
+        with self.lock:
+            self.ref, self.version = ref, self.version + 1
+
+    def latest(self) -> tuple[ray.ObjectRef, int]:
+        with self.lock:
+            assert self.ref is not None, "publish before asking for rollouts"
+            return self.ref, self.version
+
+
+# --------------------------------------------------------------------------- actor pool
+
+
+class RayActorPool:
+    """Starts the Ray actors, keeps them busy, restarts dead ones, queues their rollouts."""
+
+    def __init__(
+        self,
+        flags: argparse.Namespace,
+        env_spec: rollout.EnvSpec,
+        config: dict,
+        weights: RayWeights,
+    ):
+        self.flags, self.env_spec, self.config, self.weights = flags, env_spec, config, weights
+        self.stopping = threading.Event()
+        self.error: str | None = None
+        # Columns waiting for the learner; a full queue holds the collector back.
+        self.queue: RolloutQueue[tuple] = RolloutQueue(
+            2 * flags.batch_size + flags.envs_per_actor, closed=self.stopping
+        )
+        self.lock = threading.Lock()
+        self.actors: list = [None] * flags.num_actors
+        self.incarnations = [0] * flags.num_actors
+        self.pending: dict[ray.ObjectRef, tuple[int, int]] = {}  # task -> (actor, incarnation)
+        self.recent_deaths: list[float] = []
+        self.timings = np.zeros(4)  # env, inference, all CPU seconds; agent steps
+        # Fraction of a CPU each actor asks Ray for, so that every actor can be placed.
+        total_cpus = ray.cluster_resources().get("CPU", 1.0)
+        self.cpus_per_actor = min(1.0, total_cpus / flags.num_actors)
+        self.collector = threading.Thread(target=self._collect, name="collector", daemon=True)
+
+    def start(self) -> None:
+        for actor_index in range(self.flags.num_actors):
+            self._start_actor(actor_index)
+        self.collector.start()
+
+    def _start_actor(self, actor_index: int) -> None:
+        actor = RemoteRolloutActor.options(
+            num_cpus=self.cpus_per_actor, scheduling_strategy="SPREAD"
+        ).remote(
+            self.flags, self.env_spec, self.config, actor_index, self.incarnations[actor_index]
+        )
+        with self.lock:
+            self.actors[actor_index] = actor
+        for _ in range(TASKS_PER_ACTOR):
+            self._submit(actor_index)
+
+    def _submit(self, actor_index: int) -> None:
+        ref, version = self.weights.latest()
+        with self.lock:
+            task = self.actors[actor_index].unroll.remote([ref], version)
+            self.pending[task] = (actor_index, self.incarnations[actor_index])
+
+    def actor_pids(self) -> list[int]:
+        with self.lock:
+            actors = list(self.actors)
+        return ray.get([actor.pid.remote() for actor in actors])
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.collector.is_alive():
+            self.collector.join(timeout=5.0)
+        with self.lock:
+            for actor in self.actors:
+                if actor is not None:
+                    ray.kill(actor, no_restart=True)
+            self.pending.clear()
+
+    # The collector thread.
+
+    def _collect(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                with self.lock:
+                    tasks = list(self.pending)
+                if not tasks:
+                    self.stopping.wait(WAIT_S)
+                    continue
+                ready, _ = ray.wait(tasks, num_returns=1, timeout=WAIT_S)
+                for task in ready:
+                    self._finish(task)
+        except Closed:
+            pass  # stopping
+        except Exception as error:  # surfaced as the run's error, not swallowed
+            log.exception("The rollout collector failed.")
+            self.error = f"the rollout collector failed: {error}"
+            self.stopping.set()
+
+    def _finish(self, task: ray.ObjectRef) -> None:
+        with self.lock:
+            actor_index, incarnation = self.pending.pop(task)
+        try:
+            result = ray.get(task)
+        except ray.exceptions.RayActorError as error:
+            if error.actor_init_failed:
+                self._fail(f"actor {actor_index} could not start: {last_line(error)}")
+            else:
+                self._replace_dead_actor(actor_index, incarnation, error)
+            return
+        except ray.exceptions.RayTaskError as error:
+            log.error("Actor %d failed:\n%s", actor_index, error)
+            self._fail(f"actor {actor_index} failed: {last_line(error)} (traceback in out.log)")
+            return
+        self.timings += result["timings"]
+        self._queue_columns(actor_index, result)
+        if incarnation == self.incarnations[actor_index]:
+            self._submit(actor_index)
+
+    def _queue_columns(self, actor_index: int, result: dict) -> None:
+        """Queues each env's rollout as one column: numpy views into the object store."""
+        arrays, core_state = result["rollout"], result["core_state"]
+        for env_index in range(self.flags.envs_per_actor):
+            column = {key: value[env_index] for key, value in arrays.items()}  # [T+1, ...]
+            env_state = tuple(s[env_index][:, None] for s in core_state)  # [layers, 1, H]
+            self.queue.put((column, env_state, (actor_index, env_index)))
+
+    def _replace_dead_actor(self, actor_index: int, incarnation: int, error: Exception) -> None:
+        with self.lock:
+            if incarnation != self.incarnations[actor_index] or self.stopping.is_set():
+                return  # its other task already reported the death
+            self.incarnations[actor_index] += 1
+        now = time.monotonic()
+        self.recent_deaths = [t for t in self.recent_deaths if now - t < 60] + [now]
+        if len(self.recent_deaths) > MAX_DEATHS_PER_MINUTE_PER_ACTOR * self.flags.num_actors:
+            self._fail(
+                f"Ray actors died {len(self.recent_deaths)} times in the last minute "
+                f"(last: {last_line(error)}); see out.log"
+            )
+            return
+        log.warning("Actor %d died (%s); starting a new one.", actor_index, last_line(error))
+        self._start_actor(actor_index)
+
+    def _fail(self, message: str) -> None:
+        self.error = message
+        self.stopping.set()
+
+    # The learner's side.
+
+    def get_batch(
+        self,
+    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...], list[tuple[int, int]]] | None:
+        """B columns stacked to [T+1, B, ...], their core states [layers, B, H], sources."""
+        items = self.queue.get_batch(self.flags.batch_size)
+        if items is None:
+            return None
+        # One copy, out of the object store into the batch.
+        batch = {
+            key: torch.from_numpy(np.stack([item[0][key] for item in items], axis=1))
+            for key in items[0][0]
+        }
+        core_state = tuple(
+            torch.from_numpy(np.concatenate([item[1][k] for item in items], axis=1))
+            for k in range(len(items[0][1]))
+        )
+        return batch, core_state, [item[2] for item in items]
+
+    def timing_totals(self) -> np.ndarray:
+        """(env, inference, all) CPU seconds and agent steps, summed over actors so far."""
+        return self.timings.copy()
+
+
+def last_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[-1] if lines else type(error).__name__
+
+
+# --------------------------------------------------------------------------- training
+
+
+class RayTrainer(Trainer):
+    """Training with Ray actors; the learner runs in the driver."""
+
+    def __init__(self, flags: argparse.Namespace):
+        super().__init__(flags, envs.env_spec(flags))
+        self.weights = RayWeights()
+        self.returns_since_mean: list[float] = []
+
+    def create_pool(self) -> RayActorPool:
+        self.weights.publish(self.learner.model)
+        return RayActorPool(self.flags, self.env_spec, self.config, self.weights)
+
+    def publish(self, model: nn.Module) -> None:
+        self.weights.publish(model)
+
+    def record_returns(self, returns: list[float]) -> None:
+        super().record_returns(returns)
+        self.returns_since_mean.extend(returns)
+
+    def print_progress(self, step: int, sps: float) -> None:
+        """With --episodes_for_avg N, the mean return of the episodes since the last mean,
+        printed once N of them have ended."""
+        wanted = self.flags.episodes_for_avg
+        if not wanted:
+            super().print_progress(step, sps)
+            return
+        with self.stats_lock:
+            loss = self.last_stats.get("total_loss", float("nan"))
+            returns = self.returns_since_mean
+            if len(returns) >= wanted:
+                self.returns_since_mean = []
+        mean = f" Mean return (last {len(returns)} episodes) {np.mean(returns):.1f}."
+        progress_log.info(
+            "Steps %d @ %.1f SPS. Loss %.4g.%s",
+            step,
+            sps,
+            loss,
+            mean if len(returns) >= wanted else "",
+        )
+
+
+def connect(flags: argparse.Namespace) -> None:
+    """Starts a local Ray instance on this machine's CPUs, or joins ``--ray_address``."""
+    quiet = dict(logging_level=logging.WARNING, log_to_driver=not flags.suppress_logs)
+    started = time.monotonic()
+    if flags.ray_address is None:
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, **quiet)
+        where = "a local Ray instance (127.0.0.1)"
+    else:
+        try:
+            ray.init(address=flags.ray_address, **quiet)
+        except (ConnectionError, RuntimeError, ray.exceptions.RayError) as error:
+            raise TrainingError(
+                f"cannot join the Ray cluster at --ray_address {flags.ray_address}: "
+                f"{last_line(error)}. Start one with `ray start --head`, or leave out "
+                "--ray_address to run Ray on this machine"
+            ) from None
+        where = f"the Ray cluster at {flags.ray_address}"
+    log.info(
+        "Connected to %s in %.1f s: %d CPUs on %d nodes.",
+        where,
+        time.monotonic() - started,
+        ray.cluster_resources().get("CPU", 0),
+        len([node for node in ray.nodes() if node.get("Alive")]),
+    )
+
+
+def train(flags: argparse.Namespace) -> dict:
+    setup_console_logging()
+    if flags.suppress_logs:
+        suppress_console_logs()
+    connect(flags)
+    try:
+        return RayTrainer(flags).train()
+    finally:
+        ray.shutdown()
