@@ -79,8 +79,12 @@ class RolloutActor:
         timings (env, inference, all CPU seconds, agent steps).
         """
         if version != self.version:
-            flat = ray.get(weights[0])  # [num_parameters] float32
-            nn.utils.vector_to_parameters(torch.tensor(flat), self.unroller.model.parameters())
+            flat = torch.from_numpy(ray.get(weights[0]).copy())  # [num_parameters] float32
+            with torch.no_grad():
+                offset = 0
+                for param in self.unroller.model.parameters():  # copy_ keeps channels_last
+                    param.copy_(flat[offset : offset + param.numel()].view(param.shape))
+                    offset += param.numel()
             self.version = version
         self.unroller.unroll(self.buffers, self.index, self.initial_core_states)
         env_time, inference_time = self.unroller.take_times()
@@ -112,7 +116,7 @@ class RayWeights:
         self.version = -1
 
     def publish(self, model: nn.Module) -> None:
-        flat = nn.utils.parameters_to_vector(model.parameters()).detach().cpu().numpy()
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy()
         ref = ray.put(flat)
         with self.lock:
             self.ref, self.version = ref, self.version + 1
