@@ -286,10 +286,15 @@ def best_mean_return(rows: list[dict[str, str]], episodes: int = 100) -> tuple[f
     return best
 
 
+LASER_RATIO_1 = ("--replay_size", "100000", "--replay_ratio", "1", "--learn_start", "5000")
+
+
 @pytest.mark.slow
-def test_cartpole_reaches_400_within_500k_steps(tmp_path):
+@pytest.mark.parametrize("replay", [(), LASER_RATIO_1], ids=["online", "laser"])
+def test_cartpole_reaches_400_within_500k_steps(tmp_path, replay):
     result = monobeast(
         tmp_path,
+        *replay,
         "--env",
         "CartPole-v1",
         "--num_actors",

@@ -154,9 +154,9 @@ def run_ray(flags: argparse.Namespace, start_measuring) -> Trainer:
     raybeast.prepare_environment(flags)
     from torchbeast.runtime import ray_actors  # imports Ray: after prepare_environment
 
-    ray_actors.connect(flags)
+    connected = ray_actors.connect(flags)
     try:
-        trainer = ray_actors.RayTrainer(flags)
+        trainer = ray_actors.RayTrainer(flags, connected)
         start_measuring(trainer, [])
         trainer.train()
     finally:

@@ -153,12 +153,15 @@ class RayActorPool:
         self.pending: dict[ray.ObjectRef, tuple[int, int]] = {}  # task -> (actor, incarnation)
         self.recent_deaths: list[float] = []
         self.timings = np.zeros(4)  # env, inference, all CPU seconds; agent steps
+        self.started = time.monotonic()
+        self.first_rollout_s: float | None = None
         # Fraction of a CPU each actor asks Ray for, so that every actor can be placed.
         total_cpus = ray.cluster_resources().get("CPU", 1.0)
         self.cpus_per_actor = min(1.0, total_cpus / flags.num_actors)
         self.collector = threading.Thread(target=self._collect, name="collector", daemon=True)
 
     def start(self) -> None:
+        self.started = time.monotonic()
         for actor_index in range(self.flags.num_actors):
             self._start_actor(actor_index)
         self.collector.start()
@@ -230,6 +233,9 @@ class RayActorPool:
             log.error("Actor %d failed:\n%s", actor_index, error)
             self._fail(f"actor {actor_index} failed: {last_line(error)} (traceback in out.log)")
             return
+        if self.first_rollout_s is None:
+            self.first_rollout_s = time.monotonic() - self.started
+            log.info("First rollout after %.1f s (the Ray actors start).", self.first_rollout_s)
         self.timings += result["timings"]
         self._queue_columns(actor_index, result)
         if incarnation == self.incarnations[actor_index]:
@@ -299,12 +305,15 @@ def last_line(error: BaseException) -> str:
 class RayTrainer(Trainer):
     """Training with Ray actors; the learner runs in the driver."""
 
-    def __init__(self, flags: argparse.Namespace):
+    def __init__(self, flags: argparse.Namespace, connected: str = ""):
         super().__init__(flags, envs.env_spec(flags))
+        self.connected = connected
         self.weights = RayWeights()
         self.returns_since_mean: list[float] = []
 
     def create_pool(self) -> RayActorPool:
+        if self.connected:  # now that out.log exists
+            log.info("%s", self.connected)
         self.weights.publish(self.learner.model)
         return RayActorPool(self.flags, self.env_spec, self.config, self.weights)
 
@@ -337,8 +346,9 @@ class RayTrainer(Trainer):
         )
 
 
-def connect(flags: argparse.Namespace) -> None:
-    """Starts a local Ray instance on this machine's CPUs, or joins ``--ray_address``."""
+def connect(flags: argparse.Namespace) -> str:
+    """Starts a local Ray instance on this machine's CPUs, or joins ``--ray_address``;
+    returns a line that says which, for the run's log."""
     quiet = dict(logging_level=logging.WARNING, log_to_driver=not flags.suppress_logs)
     started = time.monotonic()
     if flags.ray_address is None:
@@ -354,21 +364,18 @@ def connect(flags: argparse.Namespace) -> None:
                 "--ray_address to run Ray on this machine"
             ) from None
         where = f"the Ray cluster at {flags.ray_address}"
-    log.info(
-        "Connected to %s in %.1f s: %d CPUs on %d nodes.",
-        where,
-        time.monotonic() - started,
-        ray.cluster_resources().get("CPU", 0),
-        len([node for node in ray.nodes() if node.get("Alive")]),
-    )
+    seconds = time.monotonic() - started
+    cpus = ray.cluster_resources().get("CPU", 0)
+    nodes = len([node for node in ray.nodes() if node.get("Alive")])
+    return f"Connected to {where} in {seconds:.1f} s: {cpus:g} CPUs on {nodes} nodes."
 
 
 def train(flags: argparse.Namespace) -> dict:
     setup_console_logging()
     if flags.suppress_logs:
         suppress_console_logs()
-    connect(flags)
+    connected = connect(flags)
     try:
-        return RayTrainer(flags).train()
+        return RayTrainer(flags, connected).train()
     finally:
         ray.shutdown()

@@ -1,0 +1,219 @@
+"""RayBeast end to end: a real local Ray instance (embedded, or started by the test with
+`ray start --head` on 127.0.0.1), real Ray actor processes, real environments."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from tests.test_monobeast import (
+    REPO,
+    SMALL_RUN,
+    assert_one_error_line,
+    read_rows,
+    wait_for,
+    wait_for_rows,
+)
+
+BIN = os.path.dirname(sys.executable)
+# A single-machine cluster: Ray's servers listen on 127.0.0.1 only.
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def raybeast_command(tmp_path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torchbeast.raybeast", "--savedir", str(tmp_path), *args]
+
+
+def raybeast(tmp_path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        raybeast_command(tmp_path, *args), cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def rollout_actor_pids() -> list[int]:
+    """Live Ray worker processes running our RolloutActor, from /proc."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if cmdline.startswith("ray::RolloutActor"):
+            pids.append(int(entry))
+    return pids
+
+
+def ray_daemon_pids() -> list[int]:
+    """Live raylet and gcs_server processes, from /proc."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name in ("raylet", "gcs_server"):
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A Ray head on 127.0.0.1 in a temp dir, as a user starts one: `ray start --head`."""
+    port = 6400 + os.getpid() % 500
+    # Ray's socket paths must stay short: a temp dir under /tmp, not pytest's.
+    temp_dir = tempfile.mkdtemp(prefix="rb-", dir="/tmp")
+    env = os.environ | LOOPBACK
+    start = [
+        os.path.join(BIN, "ray"),
+        "start",
+        "--head",
+        "--node-ip-address=127.0.0.1",
+        f"--port={port}",
+        "--num-cpus=2",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        f"--temp-dir={temp_dir}",
+    ]
+    started = subprocess.run(start, env=env, capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop = [os.path.join(BIN, "ray"), "stop", "--force"]
+        subprocess.run(stop, env=env, capture_output=True, timeout=120)
+
+
+def test_embedded_ray_trains_and_shuts_down(tmp_path):
+    assert not ray_daemon_pids(), "another Ray instance is running on this machine"
+    result = raybeast(
+        tmp_path,
+        *SMALL_RUN,
+        "--total_steps",
+        "60000",  # long enough for progress lines, 5 s apart
+        "--xpid",
+        "run",
+        "--suppress_logs",
+        "--episodes_for_avg",
+        "20",
+    )
+    assert result.returncode == 0, result.stderr
+    rows = read_rows(tmp_path / "run" / "logs.csv")
+    assert int(rows[-1]["step"]) >= 60000
+    assert (tmp_path / "run" / "model.tar").exists()
+    out_log = (tmp_path / "run" / "out.log").read_text()
+    assert "Connected to a local Ray instance (127.0.0.1)" in out_log
+    # --suppress_logs: the console has progress lines only (out.log keeps the rest).
+    console = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert console, result.stdout
+    assert all("] Steps " in line for line in console), console
+    assert any("Mean return (last " in line for line in console), console
+    wait_for(lambda: not ray_daemon_pids(), 30, "the local Ray instance to stop")
+    assert not rollout_actor_pids()
+
+
+def test_trains_on_a_running_cluster_and_resumes(tmp_path, ray_cluster):
+    common = [*SMALL_RUN, "--ray_address", ray_cluster, "--xpid", "run"]
+    first = raybeast(tmp_path, *common, "--total_steps", "4000")
+    assert first.returncode == 0, first.stderr
+    assert f"Connected to the Ray cluster at {ray_cluster}" in first.stdout
+    steps = int(read_rows(tmp_path / "run" / "logs.csv")[-1]["step"])
+
+    second = raybeast(tmp_path, *common, "--total_steps", "8000")
+    assert second.returncode == 0, second.stderr
+    assert f"Resuming from {tmp_path / 'run' / 'model.tar'} at step {steps}" in second.stdout
+    rows = read_rows(tmp_path / "run" / "logs.csv")
+    assert int(rows[-1]["step"]) >= 8000
+    # The cluster is the user's: it keeps running after the run.
+    assert ray_daemon_pids()
+
+
+def test_laser_replay_on_a_running_cluster(tmp_path, ray_cluster):
+    result = raybeast(
+        tmp_path,
+        *SMALL_RUN,
+        "--ray_address",
+        ray_cluster,
+        "--xpid",
+        "run",
+        "--total_steps",
+        "6000",
+        "--replay_size",
+        "2000",
+        "--replay_ratio",
+        "3",
+        "--learn_start",
+        "400",
+    )
+    assert result.returncode == 0, result.stderr
+    rows = read_rows(tmp_path / "run" / "logs.csv")
+    replayed = [int(row["replayed_columns"]) for row in rows]
+    assert replayed[0] == 0  # fewer than --learn_start transitions yet
+    assert replayed[-1] == 3 * 4  # B * replay_ratio
+    assert 0.0 <= float(rows[-1]["trusted_fraction"]) <= 1.0
+    assert int(rows[-1]["step"]) - int(rows[-2]["step"]) == 4 * 20  # online steps only
+
+
+def test_killed_ray_actor_is_replaced_and_training_goes_on(tmp_path, ray_cluster):
+    command = raybeast_command(
+        tmp_path, *SMALL_RUN, "--ray_address", ray_cluster, "--total_steps", "10000000"
+    )
+    command += ["--xpid", "run"]
+    process = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        logs = tmp_path / "run" / "logs.csv"
+        wait_for_rows(logs, 3)
+        victims = rollout_actor_pids()
+        assert len(victims) == 2
+        os.kill(victims[0], signal.SIGKILL)
+        wait_for(
+            lambda: len(rollout_actor_pids()) == 2 and victims[0] not in rollout_actor_pids(),
+            60,
+            "a new Ray actor",
+        )
+        rows_after_kill = len(read_rows(logs))
+        wait_for_rows(logs, rows_after_kill + 20)
+        out_log = (tmp_path / "run" / "out.log").read_text()
+        assert "died" in out_log and "starting a new one" in out_log
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    assert process.returncode == 0
+    assert (tmp_path / "run" / "model.tar").exists()
+    wait_for(lambda: not rollout_actor_pids(), 30, "the run's Ray actors to go")
+
+
+@pytest.mark.parametrize(
+    "address, fragment",
+    [
+        ("127.0.0.1:1", "cannot reach a Ray cluster at --ray_address 127.0.0.1:1"),
+        ("nonsense", "is not host:port"),
+    ],
+)
+def test_bad_ray_address_is_one_clear_error(tmp_path, address, fragment):
+    result = raybeast(tmp_path, *SMALL_RUN, "--ray_address", address, timeout=60)
+    assert_one_error_line(result, fragment)
+
+
+def test_test_mode_plays_the_trained_model(tmp_path, ray_cluster):
+    trained = raybeast(
+        tmp_path, *SMALL_RUN, "--ray_address", ray_cluster, "--total_steps", "2000", "--xpid", "run"
+    )
+    assert trained.returncode == 0, trained.stderr
+    tested = raybeast(
+        tmp_path, *SMALL_RUN, "--mode", "test", "--xpid", "run", "--num_episodes", "2"
+    )
+    assert tested.returncode == 0, tested.stderr
+    assert "Average returns over 2 episodes" in tested.stdout
