@@ -66,6 +66,16 @@ class SelfKillingEnv(OverflowRewardEnv):
         return super().step(action)
 
 
+class RaisingEnv(OverflowRewardEnv):
+    """Raises after 50 steps, as an environment with a bug would."""
+
+    def step(self, action):
+        if self.steps >= 50:
+            raise RuntimeError("the emulator crashed")
+        return super().step(action)
+
+
 if "Float64Observation-v0" not in gym.registry:
     gym.register("Float64Observation-v0", entry_point=Float64ObservationEnv)
     gym.register("SelfKilling-v0", entry_point=SelfKillingEnv)
+    gym.register("Raising-v0", entry_point=RaisingEnv)

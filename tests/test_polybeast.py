@@ -496,3 +496,27 @@ def test_test_mode_plays_the_env_the_learner_was_trained_on(tmp_path, processes,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "Average returns over 2 episodes" in result.stderr + result.stdout
+
+
+def test_laser_replay_learns_online_steps_exactly_with_partial_rollouts(
+    tmp_path, processes, sockets
+):
+    # Two clients leave after 110 steps each: 5 whole rollouts of 20 and one of 10 apiece.
+    # The cut rollouts go into the replay with their masks; every online step counts once.
+    address = f"unix:{sockets}/learner"
+    learner_log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--total_steps", "220",
+        "--replay_size", "1000", "--replay_ratio", "2", "--learn_start", "60",
+        "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
+    )  # fmt: skip
+    client = processes(
+        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "2",
+        "--client_steps", "110", log=tmp_path / "client.log",
+    )  # fmt: skip
+    assert learner.wait(timeout=120) == 0, text(learner_log)
+    assert client.wait(timeout=30) == 0, text(tmp_path / "client.log")
+    rows = read_rows(tmp_path / "r" / "logs.csv")
+    assert int(rows[-1]["step"]) == 220
+    assert [int(row["replayed_columns"]) for row in rows[:1]] == [0]
+    assert int(rows[-1]["replayed_columns"]) == 2 * 2  # B * replay_ratio

@@ -95,7 +95,7 @@ def ray_cluster():
 
 
 def test_embedded_ray_trains_and_shuts_down(tmp_path):
-    assert not ray_daemon_pids(), "another Ray instance is running on this machine"
+    before = set(ray_daemon_pids())  # the test cluster's, if it is up
     result = raybeast(
         tmp_path,
         *SMALL_RUN,
@@ -118,7 +118,7 @@ def test_embedded_ray_trains_and_shuts_down(tmp_path):
     assert console, result.stdout
     assert all("] Steps " in line for line in console), console
     assert any("Mean return (last " in line for line in console), console
-    wait_for(lambda: not ray_daemon_pids(), 30, "the local Ray instance to stop")
+    wait_for(lambda: set(ray_daemon_pids()) <= before, 30, "the local Ray instance to stop")
     assert not rollout_actor_pids()
 
 
@@ -138,10 +138,11 @@ def test_trains_on_a_running_cluster_and_resumes(tmp_path, ray_cluster):
     assert ray_daemon_pids()
 
 
-def test_laser_replay_on_a_running_cluster(tmp_path, ray_cluster):
+def test_laser_replay_of_an_lstm_on_a_running_cluster(tmp_path, ray_cluster):
     result = raybeast(
         tmp_path,
         *SMALL_RUN,
+        "--use_lstm",
         "--ray_address",
         ray_cluster,
         "--xpid",
@@ -217,3 +218,63 @@ def test_test_mode_plays_the_trained_model(tmp_path, ray_cluster):
     )
     assert tested.returncode == 0, tested.stderr
     assert "Average returns over 2 episodes" in tested.stdout
+
+
+def test_actors_that_keep_dying_stop_training_with_one_line(tmp_path, ray_cluster):
+    result = raybeast(
+        tmp_path,
+        *SMALL_RUN,
+        "--ray_address",
+        ray_cluster,
+        "--env",
+        "tests.envs_for_tests:SelfKilling-v0",
+        "--total_steps",
+        "1000000",
+        "--xpid",
+        "run",
+    )
+    assert_one_error_line(result, "actors keep dying")
+    assert (tmp_path / "run" / "model.tar").exists()
+
+
+def test_an_actor_that_raises_stops_training_with_one_line(tmp_path, ray_cluster):
+    result = raybeast(
+        tmp_path,
+        *SMALL_RUN,
+        "--ray_address",
+        ray_cluster,
+        "--env",
+        "tests.envs_for_tests:Raising-v0",
+        "--total_steps",
+        "1000000",
+        "--xpid",
+        "run",
+    )
+    assert_one_error_line(result, "failed", "the emulator crashed", "out.log")
+    out_log = (tmp_path / "run" / "out.log").read_text()
+    assert 'envs_for_tests.py", line' in out_log  # the traceback
+
+
+def test_ctrl_c_to_the_process_group_saves_a_checkpoint_and_stops_ray(tmp_path):
+    # As in a terminal: SIGINT reaches the run and every process of its group, Ray's too.
+    before = set(ray_daemon_pids())  # the test cluster's, if it is up
+    process = subprocess.Popen(
+        raybeast_command(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "run"),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for_rows(tmp_path / "run" / "logs.csv", 3)
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, output
+    out_log = (tmp_path / "run" / "out.log").read_text()
+    assert "Interrupted" in out_log and "died" not in out_log
+    assert (tmp_path / "run" / "model.tar").exists()
+    wait_for(
+        lambda: not rollout_actor_pids() and set(ray_daemon_pids()) <= before, 30, "Ray to stop"
+    )

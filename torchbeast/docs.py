@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from torchbeast import raybeast
 from torchbeast.core import flags
 from torchbeast.runtime.poly import trainer
 
@@ -14,6 +15,9 @@ def update_readme(path: str) -> None:
         text = f.read()
     text = flags.replace_block(
         text, trainer.README_BEGIN, trainer.README_END, trainer.markdown_reference()
+    )
+    text = flags.replace_block(
+        text, raybeast.README_BEGIN, raybeast.README_END, raybeast.markdown_reference()
     )
     with open(path, "w") as f:
         f.write(text)

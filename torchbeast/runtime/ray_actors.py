@@ -258,7 +258,7 @@ class RayActorPool:
         self.recent_deaths = [t for t in self.recent_deaths if now - t < 60] + [now]
         if len(self.recent_deaths) > MAX_DEATHS_PER_MINUTE_PER_ACTOR * self.flags.num_actors:
             self._fail(
-                f"Ray actors died {len(self.recent_deaths)} times in the last minute "
+                f"actors keep dying: {len(self.recent_deaths)} deaths in the last minute "
                 f"(last: {last_line(error)}); see out.log"
             )
             return
