@@ -324,6 +324,15 @@ def test_cartpole_reaches_400_within_500k_steps(tmp_path, replay):
     mean_return, step = best_mean_return(rows)
     assert mean_return >= 400, f"best mean return over 100 episodes: {mean_return:.1f}"
     assert step <= 500_000
+    if replay:
+        assert int(rows[-1]["replayed_columns"]) == 8  # B * replay_ratio
+        assert int(rows[-1]["step"]) - int(rows[-2]["step"]) == 8 * 20  # online steps only
+
+
+def test_a_replay_too_large_for_this_machine_is_one_clear_error(tmp_path):
+    result = monobeast(tmp_path, "--replay_size", str(10**9), "--xpid", "run")
+    assert_one_error_line(result, "--replay_size 1000000000 needs about", "use --replay_size")
+    assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
 @pytest.mark.parametrize(
