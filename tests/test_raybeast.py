@@ -255,8 +255,14 @@ def test_an_actor_that_raises_stops_training_with_one_line(tmp_path, ray_cluster
     assert 'envs_for_tests.py", line' in out_log  # the traceback
 
 
-def test_ctrl_c_to_the_process_group_saves_a_checkpoint_and_stops_ray(tmp_path):
-    # As in a terminal: SIGINT reaches the run and every process of its group, Ray's too.
+@pytest.mark.parametrize(
+    "signum, logged",
+    [(signal.SIGINT, "Interrupted"), (signal.SIGTERM, "Stopped at step")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_signal_to_the_process_group_saves_a_checkpoint_and_stops_ray(tmp_path, signum, logged):
+    # As from a terminal (Ctrl-C) or a job scheduler (SIGTERM): the signal reaches the run
+    # and every process of its group, the local Ray's daemons too.
     before = set(ray_daemon_pids())  # the test cluster's, if it is up
     process = subprocess.Popen(
         raybeast_command(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "run"),
@@ -269,11 +275,11 @@ def test_ctrl_c_to_the_process_group_saves_a_checkpoint_and_stops_ray(tmp_path):
     try:
         wait_for_rows(tmp_path / "run" / "logs.csv", 3)
     finally:
-        os.killpg(process.pid, signal.SIGINT)
+        os.killpg(process.pid, signum)
         output, _ = process.communicate(timeout=60)
     assert process.returncode == 0, output
     out_log = (tmp_path / "run" / "out.log").read_text()
-    assert "Interrupted" in out_log and "died" not in out_log
+    assert logged in out_log and "died" not in out_log
     assert (tmp_path / "run" / "model.tar").exists()
     wait_for(
         lambda: not rollout_actor_pids() and set(ray_daemon_pids()) <= before, 30, "Ray to stop"

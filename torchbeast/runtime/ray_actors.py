@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import threading
 import time
 
@@ -328,22 +329,20 @@ class RayTrainer(Trainer):
         """With --episodes_for_avg N, the mean return of the episodes since the last mean,
         printed once N of them have ended."""
         wanted = self.flags.episodes_for_avg
-        if not wanted:
+        with self.stats_lock:
+            started = bool(self.last_stats)
+        if not wanted or not started:
             super().print_progress(step, sps)
             return
         with self.stats_lock:
-            loss = self.last_stats.get("total_loss", float("nan"))
+            loss = self.last_stats["total_loss"]
             returns = self.returns_since_mean
             if len(returns) >= wanted:
                 self.returns_since_mean = []
-        mean = f" Mean return (last {len(returns)} episodes) {np.mean(returns):.1f}."
-        progress_log.info(
-            "Steps %d @ %.1f SPS. Loss %.4g.%s",
-            step,
-            sps,
-            loss,
-            mean if len(returns) >= wanted else "",
-        )
+        mean = ""
+        if len(returns) >= wanted:
+            mean = f" Mean return (last {len(returns)} episodes) {np.mean(returns):.1f}."
+        progress_log.info("Steps %d @ %.1f SPS. Loss %.4g.%s", step, sps, loss, mean)
 
 
 def connect(flags: argparse.Namespace) -> str:
@@ -352,7 +351,15 @@ def connect(flags: argparse.Namespace) -> str:
     quiet = dict(logging_level=logging.WARNING, log_to_driver=not flags.suppress_logs)
     started = time.monotonic()
     if flags.ray_address is None:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, **quiet)
+        # Ray's daemons inherit this signal mask (Ray itself blocks SIGINT for them). A
+        # SIGTERM to the whole process group, as job schedulers send, must reach only the
+        # driver, which then saves a checkpoint and stops Ray; a raylet that died first
+        # would take the driver down with it.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, **quiet)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         where = "a local Ray instance (127.0.0.1)"
     else:
         try:
