@@ -12,10 +12,12 @@ For s = T-1 down to 0 the targets satisfy
 with rho_s = min(rho_bar, pi/mu), c_s = min(1, pi/mu) and v_T = V(x_T) = bootstrap_value.
 The policy-gradient advantage is min(rho_bar_pg, pi/mu) * (r_s + gamma_s * v_{s+1} - V(x_s)).
 
-An optional ``mask`` [T, B] (True for real steps, a prefix of each column) handles rollouts
-cut short and padded to T: rho_s and c_s are zero at padded steps, so there v_s = V(x_s) and
-the advantage is 0, and the last real step bootstraps from V(x_{s+1}), the value of the
-frame at the cut, exactly as if V-trace ran on the short column with that bootstrap value.
+An optional ``mask`` [T, B] (True for steps to learn from) handles rollouts cut short and
+padded to T: rho_s and c_s are zero at padded steps, so there v_s = V(x_s) and the advantage
+is 0, and the last real step bootstraps from V(x_{s+1}), the value of the frame at the cut,
+exactly as if V-trace ran on the short column with that bootstrap value. A False step in
+the middle of a column (a replayed state outside LASER's trust region) is cut the same way:
+no trace passes through it, and the step before it bootstraps from its value.
 """
 
 import collections
