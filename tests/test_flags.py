@@ -287,3 +287,9 @@ def test_readme_polybeast_flag_tables_are_in_sync_with_the_parsers():
     assert block == trainer.markdown_reference() + "\n", "README.md is stale: run `make docs`"
     assert "| `--serve` |" in block and "| `--connect` |" in block
     assert "| `--env` |" not in block.split("`polybeast_env`")[0]  # shared flags: table above
+
+
+def test_replay_ratio_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        flags.parse_flags(["--replay_size", "1000", "--replay_ratio", "0"])
+    assert "--replay_ratio: must be a positive integer, got 0" in capsys.readouterr().err

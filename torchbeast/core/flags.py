@@ -148,7 +148,7 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
     add(
         "--replay_ratio",
         default=1,
-        type=nonnegative_int,
+        type=positive_int,
         metavar="K",
         help="(new) Replayed rollouts per online rollout in each learner batch: "
         "B online + B*K replayed (7 is the paper's 87.5%% replay).",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import threading
@@ -67,9 +68,6 @@ class RolloutActor:
         self.index = torch.arange(num_envs)
         self.version = -1
         self.cpu_mark = time.process_time()
-
-    def pid(self) -> int:
-        return os.getpid()
 
     def unroll(self, weights: list[ray.ObjectRef], version: int) -> dict:
         """One rollout of each env with weights ``version`` (fetched only if newer).
@@ -156,9 +154,11 @@ class RayActorPool:
         self.timings = np.zeros(4)  # env, inference, all CPU seconds; agent steps
         self.started = time.monotonic()
         self.first_rollout_s: float | None = None
-        # Fraction of a CPU each actor asks Ray for, so that every actor can be placed.
+        # Fraction of a CPU each actor asks Ray for, so that every actor can be placed:
+        # rounded down to Ray's resource granularity (1e-4), never up.
         total_cpus = ray.cluster_resources().get("CPU", 1.0)
-        self.cpus_per_actor = min(1.0, total_cpus / flags.num_actors)
+        share = math.floor(total_cpus / flags.num_actors * 10_000) / 10_000
+        self.cpus_per_actor = min(1.0, max(share, 0.0001))
         self.collector = threading.Thread(target=self._collect, name="collector", daemon=True)
 
     def start(self) -> None:
@@ -183,11 +183,6 @@ class RayActorPool:
         with self.lock:
             task = self.actors[actor_index].unroll.remote([ref], version)
             self.pending[task] = (actor_index, self.incarnations[actor_index])
-
-    def actor_pids(self) -> list[int]:
-        with self.lock:
-            actors = list(self.actors)
-        return ray.get([actor.pid.remote() for actor in actors])
 
     def stop(self) -> None:
         self.stopping.set()
@@ -216,12 +211,14 @@ class RayActorPool:
             pass  # stopping
         except Exception as error:  # surfaced as the run's error, not swallowed
             log.exception("The rollout collector failed.")
-            self.error = f"the rollout collector failed: {error}"
-            self.stopping.set()
+            self._fail(f"the rollout collector failed: {last_line(error)} (see out.log)")
 
     def _finish(self, task: ray.ObjectRef) -> None:
         with self.lock:
-            actor_index, incarnation = self.pending.pop(task)
+            owner = self.pending.pop(task, None)
+        if owner is None or self.stopping.is_set():
+            return  # abandoned by stop()
+        actor_index, incarnation = owner
         try:
             result = ray.get(task)
         except ray.exceptions.RayActorError as error:
@@ -229,6 +226,9 @@ class RayActorPool:
                 self._fail(f"actor {actor_index} could not start: {last_line(error)}")
             else:
                 self._replace_dead_actor(actor_index, incarnation, error)
+            return
+        except ray.exceptions.ObjectLostError as error:  # its node went down with the rollout
+            self._replace_dead_actor(actor_index, incarnation, error)
             return
         except ray.exceptions.RayTaskError as error:
             log.error("Actor %d failed:\n%s", actor_index, error)
@@ -323,7 +323,8 @@ class RayTrainer(Trainer):
 
     def record_returns(self, returns: list[float]) -> None:
         super().record_returns(returns)
-        self.returns_since_mean.extend(returns)
+        if self.flags.episodes_for_avg:
+            self.returns_since_mean.extend(returns)
 
     def print_progress(self, step: int, sps: float) -> None:
         """With --episodes_for_avg N, the mean return of the episodes since the last mean,
@@ -357,7 +358,7 @@ def connect(flags: argparse.Namespace) -> str:
         # would take the driver down with it.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         try:
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, **quiet)
+            ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, **quiet)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         where = "a local Ray instance (127.0.0.1)"

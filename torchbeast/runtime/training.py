@@ -85,6 +85,7 @@ class Trainer:
         self.last_stats: dict = {}
         self.pool: Pool | None = None
         self.replay: Replay | None = None
+        self.batch_order_lock = threading.Lock()
         if flags.replay_size > 0:
             check_replay_fits(flags, env_spec)
             self.replay = Replay(flags.replay_size, flags.learn_start)
@@ -120,17 +121,22 @@ class Trainer:
     def learner_thread(self, pool: Pool, writer: FileWriter) -> None:
         try:
             while self.learner.step < self.flags.total_steps and not self.stop_requested.is_set():
-                got = pool.get_batch()
-                if got is None:
-                    return
-                batch, core_state, sources = got
+                # In the order batches leave the pool, so that the replay sees each env
+                # stream's rollouts in order and stores their shared steps once.
+                with self.batch_order_lock:
+                    got = pool.get_batch()
+                    if got is None:
+                        return
+                    batch, core_state, sources = got
+                    if self.replay is not None:
+                        self.replay.add(batch, core_state, sources)
                 episode_end = batch["episode_end"][1:]
                 if "mask" in batch:
                     episode_end = episode_end & batch["mask"][1:]
                 episode_returns = batch["episode_return"][1:][episode_end]
                 num_online = batch["reward"].shape[1]
                 if self.replay is not None:
-                    batch, core_state = self.add_replayed(batch, core_state, sources)
+                    batch, core_state = self.add_replayed(batch, core_state)
                 batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
                 core_state = tuple(s.to(self.device) for s in core_state)
                 # Updates are serialised anyway; logging inside keeps logs.csv in step order.
@@ -150,14 +156,10 @@ class Trainer:
         self.recent_returns.extend(returns)
 
     def add_replayed(
-        self,
-        batch: dict[str, torch.Tensor],
-        core_state: tuple[torch.Tensor, ...],
-        sources: list[Hashable],
+        self, batch: dict[str, torch.Tensor], core_state: tuple[torch.Tensor, ...]
     ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
-        """Stores the online rollouts, and appends B * replay_ratio replayed ones after them."""
+        """Appends B * replay_ratio replayed rollouts after the B online ones."""
         assert self.replay is not None
-        self.replay.add(batch, core_state, sources)
         num_online = batch["reward"].shape[1]
         replayed = self.replay.sample(num_online * self.flags.replay_ratio)
         if replayed is None:  # fewer than --learn_start transitions so far

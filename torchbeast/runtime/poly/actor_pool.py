@@ -97,6 +97,7 @@ class PolyActorPool:
         )
         self.lock = threading.Lock()
         self.connected: collections.Counter[str] = collections.Counter()  # streams per id
+        self.stream_serials = itertools.count()  # a replay source per stream and env
         self.last_connected = time.monotonic()
         self.server: grpc.Server | None = None
         self.port: int | None = None
@@ -190,9 +191,11 @@ class PolyActorPool:
 
     # ------------------------------------------------------------------ learner side
 
-    def get_batch(self) -> tuple[dict[str, torch.Tensor], CoreState, list[str]] | None:
+    def get_batch(
+        self,
+    ) -> tuple[dict[str, torch.Tensor], CoreState, list[tuple[int, int]]] | None:
         """B rollouts stacked to [T+1, B, ...] (with "mask"), their initial core states
-        and the env id each came from."""
+        and the (stream, env) each came from."""
         items = self.queue.get_batch(self.flags.batch_size)
         if items is None:
             return None
@@ -295,6 +298,7 @@ class PolyActorPool:
         self, incoming: Iterator[pb.EnvMessage], client_id: str, spec: EnvSpec, num_envs: int
     ) -> Iterator[pb.Action]:
         T = self.flags.unroll_length
+        stream = next(self.stream_serials)  # peers may share a client id; streams do not
         size_limit = codec.max_step_bytes(spec, num_envs)
         # [T+1, E, ...]: the stream's E envs side by side, as the model wants them.
         buffers = {
@@ -340,7 +344,7 @@ class PolyActorPool:
                         "game",
                     )
                 if t == T:
-                    self._deliver(client_id, buffers, T, initial_core_state)
+                    self._deliver(stream, buffers, T, initial_core_state)
                     for value in buffers.values():
                         value[0] = value[T]
                     initial_core_state, t = core_state, 0
@@ -357,18 +361,19 @@ class PolyActorPool:
                         "disconnect",
                     )
                 try:
-                    self._deliver(client_id, buffers, t, initial_core_state)
+                    self._deliver(stream, buffers, t, initial_core_state)
                 except Closed:
                     pass
 
     def _deliver(
         self,
-        client_id: str,
+        stream: int,
         buffers: dict[str, torch.Tensor],
         length: int,
         core_state: CoreState,
     ) -> None:
-        """Queues each env's rollout: its first ``length`` + 1 steps, zero-padded to T+1."""
+        """Queues each env's rollout: its first ``length`` + 1 steps, zero-padded to T+1,
+        with its source: (stream, env)."""
         T1, num_envs = buffers["frame"].shape[:2]
         mask = torch.zeros(T1, dtype=torch.bool)
         mask[: length + 1] = True
@@ -379,7 +384,7 @@ class PolyActorPool:
                     value[length + 1 :] = 0
             column["mask"] = mask
             env_state = tuple(s[:, env : env + 1] for s in core_state)
-            self.queue.put((column, env_state, client_id_of(client_id, env, num_envs)))
+            self.queue.put((column, env_state, (stream, env)))
 
     def _dial(self, address: str, index: int) -> None:
         """Classic mode: keeps one stream open to an env server, redialling with backoff."""
