@@ -264,6 +264,8 @@ class RayActorPool:
             )
             return
         log.warning("Actor %d died (%s); starting a new one.", actor_index, last_line(error))
+        # Usually dead already; a lost rollout may have left it alive but of no more use.
+        ray.kill(self.actors[actor_index], no_restart=True)
         self._start_actor(actor_index)
 
     def _fail(self, message: str) -> None:
