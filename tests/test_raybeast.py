@@ -35,36 +35,29 @@ def raybeast(tmp_path, *args: str, timeout: float = 240) -> subprocess.Completed
     )
 
 
-def rollout_actor_pids() -> list[int]:
-    """Live Ray worker processes running our RolloutActor, from /proc."""
+def pids_whose(name: str, matches) -> list[int]:
+    """Live processes whose /proc/PID/``name`` file satisfies ``matches``."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/cmdline") as f:
-                cmdline = f.read()
+            with open(f"/proc/{entry}/{name}") as f:
+                if matches(f.read()):
+                    pids.append(int(entry))
         except OSError:
             continue
-        if cmdline.startswith("ray::RolloutActor"):
-            pids.append(int(entry))
     return pids
+
+
+def rollout_actor_pids() -> list[int]:
+    """Ray worker processes running our RolloutActor."""
+    return pids_whose("cmdline", lambda cmdline: cmdline.startswith("ray::RolloutActor"))
 
 
 def ray_daemon_pids() -> list[int]:
-    """Live raylet and gcs_server processes, from /proc."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        if name in ("raylet", "gcs_server"):
-            pids.append(int(entry))
-    return pids
+    """raylet and gcs_server processes."""
+    return pids_whose("comm", lambda name: name.strip() in ("raylet", "gcs_server"))
 
 
 @pytest.fixture(scope="module")

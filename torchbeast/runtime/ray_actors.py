@@ -35,7 +35,7 @@ from torchbeast.core import rollout
 from torchbeast.core.filewriter import setup_console_logging, suppress_console_logs
 from torchbeast.runtime.acting import Unroller, actor_seed
 from torchbeast.runtime.poly.batching import Closed, RolloutQueue
-from torchbeast.runtime.training import Trainer, TrainingError, progress_log
+from torchbeast.runtime.training import Trainer, TrainingError
 
 log = logging.getLogger("torchbeast")
 
@@ -328,24 +328,17 @@ class RayTrainer(Trainer):
         if self.flags.episodes_for_avg:
             self.returns_since_mean.extend(returns)
 
-    def print_progress(self, step: int, sps: float) -> None:
+    def mean_return_text(self) -> str:
         """With --episodes_for_avg N, the mean return of the episodes since the last mean,
-        printed once N of them have ended."""
+        once N of them have ended (and nothing until then)."""
         wanted = self.flags.episodes_for_avg
-        with self.stats_lock:
-            started = bool(self.last_stats)
-        if not wanted or not started:
-            super().print_progress(step, sps)
-            return
-        with self.stats_lock:
-            loss = self.last_stats["total_loss"]
-            returns = self.returns_since_mean
-            if len(returns) >= wanted:
-                self.returns_since_mean = []
-        mean = ""
-        if len(returns) >= wanted:
-            mean = f" Mean return (last {len(returns)} episodes) {np.mean(returns):.1f}."
-        progress_log.info("Steps %d @ %.1f SPS. Loss %.4g.%s", step, sps, loss, mean)
+        if not wanted:
+            return super().mean_return_text()
+        returns = self.returns_since_mean
+        if len(returns) < wanted:
+            return ""
+        self.returns_since_mean = []
+        return f" Mean return (last {len(returns)} episodes) {np.mean(returns):.1f}."
 
 
 def connect(flags: argparse.Namespace) -> str:

@@ -266,20 +266,18 @@ class Trainer:
 
     def print_progress(self, step: int, sps: float) -> None:
         with self.stats_lock:
-            stats = dict(self.last_stats)
-            returns = list(self.recent_returns)
-        if not stats:
+            loss = self.last_stats.get("total_loss")
+            mean_return = "" if loss is None else self.mean_return_text()
+        if loss is None:
             progress_log.info("Steps %d: waiting for the first batch from the actors.", step)
             return
-        mean_return = f"{np.mean(returns):.1f}" if returns else "n/a"
-        progress_log.info(
-            "Steps %d @ %.1f SPS. Loss %.4g. Mean return (last %d episodes) %s.",
-            step,
-            sps,
-            stats["total_loss"],
-            len(returns),
-            mean_return,
-        )
+        progress_log.info("Steps %d @ %.1f SPS. Loss %.4g.%s", step, sps, loss, mean_return)
+
+    def mean_return_text(self) -> str:
+        """The progress line's mean-return part (stats_lock held): the last 100 episodes."""
+        returns = self.recent_returns
+        mean = f"{np.mean(returns):.1f}" if returns else "n/a"
+        return f" Mean return (last {len(returns)} episodes) {mean}."
 
 
 def check_replay_fits(flags: argparse.Namespace, env_spec: EnvSpec) -> None:
