@@ -270,14 +270,17 @@ def test_64_clients_train_one_learner_at_once(tmp_path, processes, sockets):
     learner_log = tmp_path / "learner.log"
     learner = processes(
         "torchbeast.polybeast_learner", *LEARNER, "--batch_size", "16", "--serve", address,
-        "--total_steps", "8000", "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
+        "--total_steps", "16000", "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
     )  # fmt: skip
     processes(
         "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "4",
         "--clients_per_process", "16", log=tmp_path / "clients.log",
     )  # fmt: skip
     assert learner.wait(timeout=180) == 0, text(learner_log)
-    assert logged_steps(tmp_path / "r")[-1] >= 8000
+    assert logged_steps(tmp_path / "r")[-1] >= 16000
+    assert text(learner_log).count("connected (1 envs)") == 64
+    # 250 steps per client on average, CartPole episodes of about 22 random steps: a client
+    # that connects seconds late under load still ends episodes (8000 steps once left one out).
     clients = {row["client_id"].split("#")[0] for row in episodes(tmp_path / "r")}
     assert len(clients) == 64
     assert "Traceback" not in text(learner_log)
