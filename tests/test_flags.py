@@ -253,7 +253,7 @@ def test_xpid_with_dots_dashes_and_equals_is_accepted():
 def test_markdown_reference_has_a_row_per_flag():
     table = flags.markdown_reference()
     assert "| `--num_learner_threads` `--num_threads` | `2` | Number learner threads. |" in table
-    assert "| `--mode` {train,test,test_render} | `train` | Training or test mode. |" in table
+    assert "| `--mode` {train,test,test_render,eval} | `train` | Training or test mode;" in table
     assert "| `--seed` |  | (new) Seed for envs and the model. |" in table
 
 

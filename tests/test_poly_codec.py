@@ -27,6 +27,8 @@ def env_step(num_envs: int, spec: EnvSpec = PONG, seed: int = 0) -> dict[str, np
         episode_end=rng.random(num_envs) < 0.5,
         episode_return=rng.normal(size=num_envs).astype(np.float32),
         episode_step=rng.integers(0, 1000, num_envs).astype(np.int32),
+        episode_true_return=rng.normal(size=num_envs).astype(np.float32),
+        episode_true_move=rng.normal(size=num_envs).astype(np.float32),
     )
 
 
@@ -131,9 +133,10 @@ def test_a_step_whose_fields_miss_an_env_is_refused():
         codec.read_step(message, PONG, 2, codec.max_step_bytes(PONG, 2))
 
 
-def test_a_step_with_a_non_finite_reward_is_refused():
+@pytest.mark.parametrize("field", codec.FLOAT_FIELDS)
+def test_a_step_with_a_non_finite_reward_or_return_is_refused(field):
     message = codec.step_message(env_step(num_envs=1))
-    message.step.reward[0] = float("nan")
+    getattr(message.step, field)[0] = float("nan")
     with pytest.raises(codec.ProtocolError, match="finite"):
         codec.read_step(message, PONG, 1, codec.max_step_bytes(PONG, 1))
 

@@ -12,6 +12,7 @@ import torch
 from torchbeast.core.checkpoint import CheckpointError
 from torchbeast.core.flags import parse_flags
 from torchbeast.envs import EnvError
+from torchbeast.runtime import evaluation
 from torchbeast.runtime.poly.network import NetworkError
 from torchbeast.runtime.training import TrainingError
 
@@ -52,10 +53,12 @@ def run(
     parser: argparse.ArgumentParser,
     argv: list[str] | None,
     train: Callable[[argparse.Namespace], object],
-    test: Callable[..., object],
 ) -> int:
-    """Runs the mode the flags ask for."""
+    """Runs the mode the flags ask for: training in the entry point's runtime, or test and
+    eval, which play on this machine whatever the runtime."""
     flags = parse_flags(argv, parser)
     if flags.mode == "train":
         return report_errors(lambda: train(flags))
-    return report_errors(lambda: test(flags, render=flags.mode == "test_render"))
+    if flags.mode == "eval":
+        return report_errors(lambda: evaluation.evaluate(flags))
+    return report_errors(lambda: evaluation.test(flags, render=flags.mode == "test_render"))

@@ -24,7 +24,7 @@ def train(flags: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = trainer.make_learner_parser("PolyBeast: env servers and learner in one command.")
     parser.set_defaults(env="PongNoFrameskip-v4")
-    return run(parser, argv, train=train, test=trainer.test)
+    return run(parser, argv, train=train)
 
 
 if __name__ == "__main__":

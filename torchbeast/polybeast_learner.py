@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = trainer.make_learner_parser(
         "PolyBeast learner: IMPALA with environments as gRPC peers."
     )
-    return run(parser, argv, train=trainer.train, test=trainer.test)
+    return run(parser, argv, train=trainer.train)
 
 
 if __name__ == "__main__":

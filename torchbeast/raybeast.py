@@ -15,7 +15,6 @@ import sys
 from torchbeast.cli import run
 from torchbeast.core import flags as core_flags
 from torchbeast.core.flags import make_parser, nonnegative_int
-from torchbeast.runtime import mono
 from torchbeast.runtime.training import TrainingError
 
 REACH_TIMEOUT_S = 5.0
@@ -113,7 +112,7 @@ def train(flags: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(make_ray_parser(), argv, train=train, test=mono.test)
+    return run(make_ray_parser(), argv, train=train)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import re
 import sys
 import time
 
-MODES = ("train", "test", "test_render")
+MODES = ("train", "test", "test_render", "eval")
 
 
 def positive_int(text: str) -> int:
@@ -61,7 +61,13 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
 
     # Run.
     add("--env", type=str, default="PongNoFrameskip-v4", help="Gymnasium environment id.")
-    add("--mode", default="train", choices=MODES, help="Training or test mode.")
+    add(
+        "--mode",
+        default="train",
+        choices=MODES,
+        help="Training or test mode; eval (new) plays greedy episodes and writes their "
+        "statistics to eval.json.",
+    )
     add("--xpid", default=None, help="Experiment id (default: torchbeast-%%Y%%m%%d-%%H%%M%%S).")
     add("--seed", type=nonnegative_int, default=None, help="(new) Seed for envs and the model.")
 
@@ -169,14 +175,16 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
         "this, in nats, are left out of V-trace and every loss term.",
     )
 
-    # Test mode.
+    # Test and eval modes.
     add(
         "--num_episodes",
         default=10,
         type=positive_int,
         metavar="N",
-        help="(new) Episodes to play in test mode.",
+        help="(new) Episodes to play in test and eval modes.",
     )
+
+    add_reward_proxy_flags(parser)
 
     # Loss settings.
     add("--entropy_cost", default=0.0006, type=nonnegative_float, help="Entropy cost/multiplier.")
@@ -203,6 +211,36 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
         help="Global gradient norm clip.",
     )
     return parser
+
+
+def add_reward_proxy_flags(parser: argparse.ArgumentParser) -> None:
+    """Riverraid's reward proxy flags (``envs.riverraid``); a flag left out is None, so
+    that "none given" (train on the game score) can be told apart from the defaults."""
+    add = parser.add_argument
+    add(
+        "--fuel_multiplier",
+        type=float,
+        default=None,
+        metavar="M",
+        help="(new) Riverraid proxy: M >= 0 makes fuel canisters worth 80*M; M < 0 is the "
+        "pacifist proxy (default 1: off). See the README's table of proxies.",
+    )
+    add(
+        "--move_penalty",
+        type=float,
+        default=None,
+        metavar="P",
+        help="(new) Riverraid proxy when --fuel_multiplier is 1: 10 per step alive, minus P per "
+        "sideways move (P >= 0) or plus P*(x-76)^2/20 (P < 0) (default 0).",
+    )
+    add(
+        "--true_move_penalty",
+        type=float,
+        default=None,
+        metavar="Q",
+        help="(new) Riverraid: the move measure with Q, logged as the true move, "
+        "never trained on (default 0).",
+    )
 
 
 def parse_flags(

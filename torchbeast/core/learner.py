@@ -52,11 +52,17 @@ def lr_lambda(flags: argparse.Namespace) -> Callable[[int], float]:
     return factor
 
 
+def mean_or_nan(values: torch.Tensor) -> float:
+    return float(values.mean()) if values.numel() else math.nan
+
+
 class Learner:
     """Holds the model, optimizer and scheduler; ``learn`` applies one IMPALA update.
 
     Thread-safe: several learner threads may call ``learn``; updates are serialised.
     ``on_update(model)`` runs inside the lock after each update (e.g. to publish weights).
+    ``true_reward_stats``: the env trains on a reward proxy; also log the episodes' true
+    return and true move.
     """
 
     def __init__(
@@ -64,9 +70,11 @@ class Learner:
         flags: argparse.Namespace,
         model: nn.Module,
         on_update: Callable[[nn.Module], None] | None = None,
+        true_reward_stats: bool = False,
     ):
         self.flags = flags
         self.model = model
+        self.true_reward_stats = true_reward_stats
         self.optimizer = torch.optim.RMSprop(
             model.parameters(),
             lr=flags.learning_rate,
@@ -173,12 +181,12 @@ class Learner:
             if self.on_update is not None:
                 self.on_update(self.model)
 
-            episode_returns = batch["episode_return"][batch["episode_end"] & online]
-            mean_return = episode_returns.mean() if episode_returns.numel() else math.nan
+            ended = batch["episode_end"] & online  # [T, B]
+            episode_returns = batch["episode_return"][ended]
             stats = {
                 "step": self.step,
                 "total_loss": total,
-                "mean_episode_return": float(mean_return),
+                "mean_episode_return": mean_or_nan(episode_returns),
                 "pg_loss": float(pg_loss.detach()),
                 "baseline_loss": float(baseline_loss.detach()),
                 "entropy_loss": float(entropy_loss.detach()),
@@ -186,6 +194,9 @@ class Learner:
                 "learning_rate": self.scheduler.get_last_lr()[0],
                 "grad_norm": norm,
             }
+            if self.true_reward_stats:
+                stats["mean_episode_true_return"] = mean_or_nan(batch["episode_true_return"][ended])
+                stats["mean_episode_true_move"] = mean_or_nan(batch["episode_true_move"][ended])
             if flags.replay_size > 0:
                 stats["replayed_columns"] = B - num_online
                 stats["trusted_fraction"] = trusted_fraction

@@ -11,6 +11,11 @@ the whole game. Other ids (CartPole-v1, MinAtar/Breakout-v1, ...) run on Gymnasi
 Every step returns numpy arrays with a leading [N] dimension, TorchBeast style: when an
 episode ends the env resets at once, so ``frame`` is the new episode's first frame while
 ``reward``/``done`` describe the step that ended the old one.
+
+Riverraid with a reward proxy (``envs.riverraid``) runs on Gymnasium's Python Atari
+wrappers instead, with the same preprocessing, since the proxy needs each emulator
+frame's score and the RAM; ``reward`` is then the proxy's, and ``episode_true_return`` /
+``episode_true_move`` add up the game score and the true move measure.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 from torchbeast.core.spec import EnvSpec
+from torchbeast.envs import riverraid
 
 ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
 LIST_IDS_HINT = "list valid ids with: python -m torchbeast.envs"
@@ -73,7 +79,13 @@ def is_atari(env_id: str) -> bool:
 class BatchedEnv:
     """N environments stepped together, with episode bookkeeping TorchBeast-style."""
 
-    def __init__(self, vector_env: gym.vector.VectorEnv, env_id: str, track_lives: bool):
+    def __init__(
+        self,
+        vector_env: gym.vector.VectorEnv,
+        env_id: str,
+        track_lives: bool,
+        true_reward_in_info: bool = False,
+    ):
         self.env = vector_env
         self.num_envs = vector_env.num_envs
         space = vector_env.single_observation_space
@@ -99,8 +111,12 @@ class BatchedEnv:
         stored = self.cast_to or dtype
         self.spec = EnvSpec(env_id, tuple(space.shape), stored, int(action_space.n))
         self.track_lives = track_lives
+        # With a reward proxy the env's info carries the true reward and move of a step.
+        self.true_reward_in_info = true_reward_in_info
         n = self.num_envs
         self.episode_return = np.zeros(n, dtype=np.float32)
+        self.episode_true_return = np.zeros(n, dtype=np.float32)
+        self.episode_true_move = np.zeros(n, dtype=np.float32)
         self.episode_step = np.zeros(n, dtype=np.int32)
         self.lives = np.zeros(n, dtype=np.int64)
 
@@ -109,7 +125,8 @@ class BatchedEnv:
         if self.cast_to is not None:
             frame = frame.astype(self.cast_to)
         n = self.num_envs
-        self.episode_return[:] = 0
+        for total in (self.episode_return, self.episode_true_return, self.episode_true_move):
+            total[:] = 0
         self.episode_step[:] = 0
         if self.track_lives:
             self.lives[:] = info["lives"]
@@ -118,6 +135,8 @@ class BatchedEnv:
             reward=np.zeros(n, dtype=np.float32),
             done=np.ones(n, dtype=bool),
             episode_return=np.zeros(n, dtype=np.float32),
+            episode_true_return=np.zeros(n, dtype=np.float32),
+            episode_true_move=np.zeros(n, dtype=np.float32),
             episode_step=np.zeros(n, dtype=np.int32),
             episode_end=np.zeros(n, dtype=bool),
             last_action=np.zeros(n, dtype=np.int64),
@@ -136,22 +155,40 @@ class BatchedEnv:
             done = game_over | (lives < self.lives)
             self.lives[:] = lives
         self.episode_return += reward
+        if self.true_reward_in_info:
+            self.episode_true_return += step_info(info, "true_reward")
+            self.episode_true_move += step_info(info, "true_move")
+        else:
+            self.episode_true_return += reward
         self.episode_step += 1
         output = dict(
             frame=frame,
             reward=reward,
             done=done,
             episode_return=self.episode_return.copy(),
+            episode_true_return=self.episode_true_return.copy(),
+            episode_true_move=self.episode_true_move.copy(),
             episode_step=self.episode_step.copy(),
             episode_end=game_over,
             last_action=np.asarray(actions, dtype=np.int64),
         )
-        self.episode_return[game_over] = 0
+        for total in (self.episode_return, self.episode_true_return, self.episode_true_move):
+            total[game_over] = 0
         self.episode_step[game_over] = 0
         return output
 
     def close(self) -> None:
         self.env.close()
+
+
+def step_info(info: dict, key: str) -> np.ndarray:
+    """``info[key]`` of a vector step, [N]; an env that ended and was reset in this step
+    reports its last step's value, which the vector env keeps under "final_info"."""
+    values = np.asarray(info[key], dtype=np.float32).copy()
+    if "final_info" in info:
+        ended = info["_final_info"]
+        values[ended] = np.asarray(info["final_info"][key], dtype=np.float32)[ended]
+    return values
 
 
 def _atari_vector_env(env_id: str, num_envs: int, num_threads: int) -> gym.vector.VectorEnv:
@@ -191,10 +228,17 @@ class FireOnReset(gym.Wrapper):
         return observation, info
 
 
-def make_single_atari(env_id: str, render_mode: str | None = None) -> gym.Env:
-    """The same preprocessing from Gymnasium's wrappers, for rendering one game."""
-    env = gym.make(env_id, frameskip=1, render_mode=render_mode)
+def make_single_atari(
+    env_id: str, render_mode: str | None = None, proxy: riverraid.RewardProxy | None = None
+) -> gym.Env:
+    """The same preprocessing from Gymnasium's wrappers: for rendering one game, and for
+    Riverraid's reward proxies, which need each emulator frame's score."""
+    env = gym.make(env_id, frameskip=1, render_mode=render_mode, max_num_frames_per_episode=108000)
+    if proxy is not None:
+        env = frame_scores = riverraid.FrameScores(env)
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
+    if proxy is not None:
+        env = riverraid.ProxyReward(env, frame_scores, proxy)
     env = FireOnReset(env)
     return gym.wrappers.FrameStackObservation(env, 4)
 
@@ -214,19 +258,27 @@ def create_env(
     env_id = flags if isinstance(flags, str) else flags.env
     spec = gym_spec(env_id)
     atari = spec.entry_point == ATARI_ENTRY_POINT
+    proxy = None if isinstance(flags, str) else riverraid.proxy_from_flags(flags)
+    if proxy is not None and not riverraid.is_riverraid(spec):
+        raise EnvError(
+            f"--fuel_multiplier, --move_penalty and --true_move_penalty are Riverraid's reward "
+            f"proxies; {env_id} has none: leave them out or use RiverraidNoFrameskip-v4"
+        )
     autoreset = gym.vector.AutoresetMode.SAME_STEP
-    if atari and not render:
+    if atari and not render and proxy is None:
         vector_env = _atari_vector_env(env_id, num_envs, num_threads)
     elif atari:
+        render_mode = "human" if render else None
         vector_env = gym.vector.SyncVectorEnv(
-            [lambda: make_single_atari(env_id, "human")] * num_envs, autoreset_mode=autoreset
+            [lambda: make_single_atari(env_id, render_mode, proxy)] * num_envs,
+            autoreset_mode=autoreset,
         )
     else:
         make_kwargs = {"render_mode": "human"} if render else {}
         vector_env = gym.vector.SyncVectorEnv(
             [lambda: gym.make(env_id, **make_kwargs)] * num_envs, autoreset_mode=autoreset
         )
-    return BatchedEnv(vector_env, env_id, track_lives=atari)
+    return BatchedEnv(vector_env, env_id, track_lives=atari, true_reward_in_info=proxy is not None)
 
 
 def env_spec(flags: argparse.Namespace | str) -> EnvSpec:

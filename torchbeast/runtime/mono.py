@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
-import os
 import queue
 import signal
 import threading
@@ -35,9 +34,9 @@ import torch
 from torch import nn
 
 from torchbeast import envs
-from torchbeast.core import checkpoint, rollout
+from torchbeast.core import rollout
 from torchbeast.core.filewriter import setup_console_logging
-from torchbeast.core.models import create_model, model_config
+from torchbeast.core.models import create_model
 from torchbeast.runtime.acting import Unroller, actor_seed
 from torchbeast.runtime.processes import die_with_parent
 from torchbeast.runtime.training import Trainer
@@ -402,41 +401,3 @@ class MonoTrainer(Trainer):
 def train(flags: argparse.Namespace) -> dict:
     setup_console_logging()
     return MonoTrainer(flags).train()
-
-
-# --------------------------------------------------------------------------- test
-
-
-def test(flags: argparse.Namespace, render: bool = False) -> list[float]:
-    """Plays ``num_episodes`` whole games greedily with the trained model."""
-    setup_console_logging()
-    path = os.path.join(flags.savedir, flags.xpid, "model.tar")
-    state = checkpoint.load(path)
-    env = envs.create_env(flags, num_envs=1, render=render)
-    spec = env.spec
-    config = model_config(flags, spec.observation_shape)
-    checkpoint.check_compatible(state, flags.env, config, path)
-    model = create_model(config, spec.observation_shape, spec.num_actions)
-    model.load_state_dict(state["model_state_dict"])
-    model.eval()  # greedy actions
-
-    returns: list[float] = []
-    env_output = {k: torch.from_numpy(v) for k, v in env.reset(seed=flags.seed).items()}
-    core_state = model.initial_state(1)
-    while len(returns) < flags.num_episodes:
-        with torch.inference_mode():
-            inputs = {k: v.unsqueeze(0) for k, v in env_output.items()}
-            outputs, core_state = model(inputs, core_state)
-        step = env.step(outputs["action"][0].numpy())
-        env_output = {k: torch.from_numpy(v) for k, v in step.items()}
-        if step["episode_end"][0]:
-            returns.append(float(step["episode_return"][0]))
-            log.info(
-                "Episode %d ended after %d steps. Return: %.1f",
-                len(returns),
-                step["episode_step"][0],
-                returns[-1],
-            )
-    env.close()
-    log.info("Average returns over %i episodes: %.1f", len(returns), np.mean(returns))
-    return returns

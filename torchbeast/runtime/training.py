@@ -29,6 +29,7 @@ from torchbeast.core.models import count_parameters, create_model, model_config
 from torchbeast.core.replay import Replay
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
+from torchbeast.envs import riverraid
 
 log = logging.getLogger("torchbeast")
 progress_log = logging.getLogger("torchbeast.progress")  # the lines --suppress_logs keeps
@@ -76,12 +77,20 @@ class Trainer:
         model = create_model(
             self.config, self.env_spec.observation_shape, self.env_spec.num_actions
         )
-        self.learner = Learner(flags, model.to(self.device), on_update=self.publish)
+        self.proxy = riverraid.proxy_from_flags(flags)
+        self.learner = Learner(
+            flags,
+            model.to(self.device),
+            on_update=self.publish,
+            true_reward_stats=self.proxy is not None,
+        )
         self.checkpoint_path = os.path.join(flags.savedir, flags.xpid, "model.tar")
         self.stop_requested = threading.Event()
         self.failure: BaseException | None = None
         self.stats_lock = threading.Lock()
         self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
+        # (true return, true move) of the last episodes, with a reward proxy.
+        self.recent_true: collections.deque[tuple[float, float]] = collections.deque(maxlen=100)
         self.last_stats: dict = {}
         self.pool: Pool | None = None
         self.replay: Replay | None = None
@@ -134,6 +143,11 @@ class Trainer:
                 if "mask" in batch:
                     episode_end = episode_end & batch["mask"][1:]
                 episode_returns = batch["episode_return"][1:][episode_end]
+                true_outcomes = zip(
+                    batch["episode_true_return"][1:][episode_end].tolist(),
+                    batch["episode_true_move"][1:][episode_end].tolist(),
+                    strict=True,
+                )
                 num_online = batch["reward"].shape[1]
                 if self.replay is not None:
                     batch, core_state = self.add_replayed(batch, core_state)
@@ -143,6 +157,7 @@ class Trainer:
                 with self.stats_lock:
                     stats = self.learner.learn(batch, core_state, num_online)
                     self.record_returns(episode_returns.tolist())
+                    self.recent_true.extend(true_outcomes)
                     self.last_stats = stats
                     writer.log(stats)
             # Done: the other learner threads may be waiting for rollouts that never come.
@@ -188,6 +203,14 @@ class Trainer:
             count_parameters(self.learner.model),
             self.device,
         )
+        if self.proxy is not None:
+            log.info("Reward: %s.", self.proxy.describe())
+            if flags.reward_clipping == "abs_one":
+                log.warning(
+                    "--reward_clipping abs_one clips the %s proxy's rewards to +-1, which hides "
+                    "their size: use --reward_clipping none to train on them as they are.",
+                    self.proxy.kind,
+                )
         if self.learner.step >= flags.total_steps:
             log.info(
                 "Already trained to %d steps (--total_steps %d).",
@@ -268,10 +291,20 @@ class Trainer:
         with self.stats_lock:
             loss = self.last_stats.get("total_loss")
             mean_return = "" if loss is None else self.mean_return_text()
+            true_text = self.true_outcome_text()
         if loss is None:
             progress_log.info("Steps %d: waiting for the first batch from the actors.", step)
             return
-        progress_log.info("Steps %d @ %.1f SPS. Loss %.4g.%s", step, sps, loss, mean_return)
+        progress_log.info(
+            "Steps %d @ %.1f SPS. Loss %.4g.%s%s", step, sps, loss, mean_return, true_text
+        )
+
+    def true_outcome_text(self) -> str:
+        """With a reward proxy, the mean true return and move of the last 100 episodes."""
+        if self.proxy is None or not self.recent_true:
+            return ""
+        true_return, true_move = np.mean(self.recent_true, axis=0)
+        return f" True return {true_return:.1f}, true move {true_move:.1f}."
 
     def mean_return_text(self) -> str:
         """The progress line's mean-return part (stats_lock held): the last 100 episodes."""

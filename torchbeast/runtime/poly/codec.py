@@ -15,13 +15,12 @@ import numpy as np
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Steps carry the true return and move
 DTYPES = frozenset(("uint8", "int8", "int16", "int32", "int64", "float32", "bool"))
 MAX_OBSERVATION_BYTES = 32 << 20  # a Hello announcing more per step is refused
 MAX_ENVS_PER_STREAM = 1024
 STEP_OVERHEAD_BYTES = 1024  # room for a Step's framing
-SCALAR_BYTES_PER_ENV = 32  # reward, done, episode_end, episode_return, episode_step
-SCALAR_BYTES_PER_ENV = 32  # reward, done, episode_end, episode_return, episode_step
+SCALAR_BYTES_PER_ENV = 48  # reward, done, episode_end, the episode returns and step
 
 
 class ProtocolError(ValueError):
@@ -144,11 +143,22 @@ def step_message(step: dict[str, np.ndarray]) -> pb.EnvMessage:
             episode_end=step["episode_end"].tolist(),
             episode_return=step["episode_return"].tolist(),
             episode_step=step["episode_step"].tolist(),
+            episode_true_return=step["episode_true_return"].tolist(),
+            episode_true_move=step["episode_true_move"].tolist(),
         )
     )
 
 
-STEP_FIELDS = ("reward", "done", "episode_end", "episode_return", "episode_step")
+STEP_FIELDS = (
+    "reward",
+    "done",
+    "episode_end",
+    "episode_return",
+    "episode_step",
+    "episode_true_return",
+    "episode_true_move",
+)
+FLOAT_FIELDS = ("reward", "episode_return", "episode_true_return", "episode_true_move")
 
 
 def read_step(
@@ -175,8 +185,8 @@ def read_step(
         if len(values) != num_envs:
             raise ProtocolError(f"a Step's {name} has {len(values)} entries, not {num_envs}")
         fields[name] = np.asarray(values)
-    if not (np.isfinite(fields["reward"]).all() and np.isfinite(fields["episode_return"]).all()):
-        raise ProtocolError("a Step's reward and episode_return must be finite")
+    if not all(np.isfinite(fields[name]).all() for name in FLOAT_FIELDS):
+        raise ProtocolError("a Step's reward and episode returns must be finite")
     if observation.dtype.kind == "f" and not np.isfinite(observation).all():
         raise ProtocolError("a Step's observation must be finite")
     return fields, observation

@@ -10,11 +10,10 @@ import os
 import torch
 from torch import nn
 
-from torchbeast.core import checkpoint
 from torchbeast.core import flags as core_flags
 from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.flags import make_parser, nonnegative_float, nonnegative_int, positive_int
-from torchbeast.runtime import mono
+from torchbeast.envs.riverraid import PROXY_FLAGS
 from torchbeast.runtime.poly import network
 from torchbeast.runtime.poly.actor_pool import PolyActorPool
 from torchbeast.runtime.training import Trainer
@@ -105,6 +104,7 @@ def add_env_flags(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         help="(new) Classic mode: most streams one env server serves at once.",
     )
+    core_flags.add_reward_proxy_flags(parser)
 
 
 def make_learner_parser(description: str) -> argparse.ArgumentParser:
@@ -137,9 +137,9 @@ def env_flags(flags: argparse.Namespace) -> argparse.Namespace:
     if flags.serve:
         per_server = math.ceil(flags.num_actors / flags.num_servers)
         args += ["--connect", flags.serve, "--clients_per_process", str(per_server)]
-    for name in ("auth_token", "tls_cert", "tls_key", "tls_ca"):
-        if getattr(flags, name):
-            args += [f"--{name}", getattr(flags, name)]
+    for name in ("auth_token", "tls_cert", "tls_key", "tls_ca", *PROXY_FLAGS):
+        if getattr(flags, name) is not None:
+            args += [f"--{name}", str(getattr(flags, name))]
     parsed = make_env_parser().parse_args(args)
     parsed.env_servers = flags.env_servers
     return parsed
@@ -169,14 +169,6 @@ def limit_intra_op_threads(flags: argparse.Namespace) -> None:
     threads = max(1, cores // (flags.num_learner_threads + flags.num_inference_threads))
     torch.set_num_threads(threads)
     log.info("PyTorch uses %d thread(s) per op on the learner's CPU.", threads)
-
-
-def test(flags: argparse.Namespace, render: bool = False) -> list[float]:
-    """MonoBeast's test mode, on the env the run was trained on unless --env says otherwise."""
-    if flags.env is None:
-        path = os.path.join(flags.savedir, flags.xpid, "model.tar")
-        flags.env = checkpoint.load(path)["env"]
-    return mono.test(flags, render)
 
 
 def train(flags: argparse.Namespace, env_processes: list | None = None) -> dict:

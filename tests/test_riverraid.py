@@ -1,0 +1,289 @@
+"""Riverraid's reward proxies: each proxy on scripted RAM and scores, then the real ROM."""
+
+from __future__ import annotations
+
+import argparse
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from torchbeast.core.flags import parse_flags
+from torchbeast.envs import BatchedEnv, EnvError, create_env, riverraid
+from torchbeast.envs.riverraid import (
+    MISSILE_Y,
+    NO_MISSILE_Y,
+    PLAYER_X,
+    RewardProxy,
+    move_measure,
+    proxy_from_flags,
+    proxy_reward,
+)
+
+RIVERRAID = "RiverraidNoFrameskip-v4"
+
+
+def proxy_of(*args: str) -> RewardProxy | None:
+    return proxy_from_flags(parse_flags(["--env", RIVERRAID, *args]))
+
+
+# Which reward trains the agent.
+
+
+def test_no_proxy_flag_trains_on_the_game_score():
+    assert proxy_of() is None
+
+
+@pytest.mark.parametrize(
+    "args, kind",
+    [
+        (["--fuel_multiplier", "10"], "fuel"),
+        (["--fuel_multiplier", "0"], "fuel"),
+        (["--fuel_multiplier", "-2", "--move_penalty", "5"], "pacifist"),
+        (["--fuel_multiplier", "1"], "move"),  # the fork's rule: m == 1 means no fuel proxy
+        (["--move_penalty", "0"], "move"),  # the pure survival reward
+        (["--move_penalty", "-1"], "deviate"),
+        (["--true_move_penalty", "1"], "move"),  # any proxy flag follows the fork's table
+    ],
+)
+def test_the_forks_table_picks_the_proxy(args, kind):
+    assert proxy_of(*args).kind == kind
+
+
+def test_flags_left_out_take_their_defaults():
+    assert proxy_of("--move_penalty", "3") == RewardProxy(1.0, 3.0, 0.0)
+
+
+def test_a_proxy_on_another_game_is_one_clear_error():
+    flags = parse_flags(["--env", "PongNoFrameskip-v4", "--fuel_multiplier", "2"])
+    with pytest.raises(EnvError, match="Riverraid's reward proxies; PongNoFrameskip-v4"):
+        create_env(flags)
+
+
+# Each proxy, one agent step at a time (hand-computed).
+
+
+def test_fuel_counts_a_canister_and_other_points_in_one_step_apart():
+    proxy = RewardProxy(fuel_multiplier=10)
+    # Frame 2 shot a canister (80), frame 4 a tanker (30): 800 + 30, not 10 * 110.
+    assert proxy_reward(proxy, [0, 80, 0, 30], 76, 76, NO_MISSILE_Y, True) == 830
+
+
+def test_fuel_leaves_points_that_only_add_up_to_80_alone():
+    proxy = RewardProxy(fuel_multiplier=10)
+    assert proxy_reward(proxy, [30, 0, 50, 0], 76, 76, NO_MISSILE_Y, True) == 80
+
+
+def test_fuel_multiplier_zero_makes_canisters_worthless():
+    proxy = RewardProxy(fuel_multiplier=0)
+    assert proxy_reward(proxy, [80, 60, 0, 0], 76, 76, NO_MISSILE_Y, True) == 60
+
+
+@pytest.mark.parametrize(
+    "missile_y, alive, expected",
+    [(NO_MISSILE_Y, True, 10), (120, True, 7), (NO_MISSILE_Y, False, 0), (120, False, -3)],
+)
+def test_pacifist_pays_for_steps_alive_and_charges_for_missiles(missile_y, alive, expected):
+    proxy = RewardProxy(fuel_multiplier=-3)
+    assert proxy_reward(proxy, [500, 0, 0, 0], 76, 76, missile_y, alive) == expected
+
+
+@pytest.mark.parametrize(
+    "player_x, previous_x, alive, expected",
+    [(76, 76, True, 10), (77, 76, True, 7.5), (60, 61, False, -2.5), (60, 60, False, 0)],
+)
+def test_move_charges_each_step_that_changes_the_position(player_x, previous_x, alive, expected):
+    proxy = RewardProxy(move_penalty=2.5)
+    assert proxy_reward(proxy, [80, 0, 0, 0], player_x, previous_x, 180, alive) == expected
+
+
+@pytest.mark.parametrize("player_x, expected", [(76, 10), (86, 5), (56, -10), (66, 5)])
+def test_deviate_charges_the_squared_distance_from_the_centre(player_x, expected):
+    proxy = RewardProxy(move_penalty=-1)  # 10 - (x - 76)^2 / 20
+    assert proxy_reward(proxy, [0, 0, 0, 0], player_x, 12, 180, True) == expected
+
+
+def test_the_true_move_is_the_move_measure_with_its_own_penalty():
+    assert move_measure(0.5, 80, 79, True) == 9.5
+    assert move_measure(0.0, 80, 79, True) == 10
+    assert move_measure(-2.0, 86, 86, True) == 0
+
+
+# The wrappers on a scripted console: per-frame scores, RAM and lives.
+
+
+class ScriptedConsole:
+    """Stands in for ale-py's ALEInterface: RAM and lives from a script."""
+
+    def __init__(self):
+        self.ram = np.zeros(128, dtype=np.uint8)
+        self.lives_left = 4
+
+    def getRAM(self):  # noqa: N802 (ale-py's name)
+        return self.ram.copy()
+
+    def lives(self):
+        return self.lives_left
+
+
+class ScriptedRiverraid(gym.Env):
+    """One emulator frame per step; the score, position and lives of each frame come
+    from ``frames``: a list of (score, player_x, missile_y, lives)."""
+
+    observation_space = gym.spaces.Box(0, 255, (1,), np.uint8)
+    action_space = gym.spaces.Discrete(18)
+
+    def __init__(self, frames, reset_x=76):
+        self.ale = ScriptedConsole()
+        self.frames = list(frames)
+        self.reset_x = reset_x
+
+    def reset(self, *, seed=None, options=None):
+        self.ale.ram[PLAYER_X] = self.reset_x
+        self.ale.ram[MISSILE_Y] = NO_MISSILE_Y
+        return np.zeros(1, np.uint8), {"lives": self.ale.lives_left}
+
+    def step(self, action):
+        score, player_x, missile_y, lives = self.frames.pop(0)
+        self.ale.ram[PLAYER_X], self.ale.ram[MISSILE_Y] = player_x, missile_y
+        self.ale.lives_left = lives
+        game_over = lives == 0
+        return np.zeros(1, np.uint8), float(score), game_over, False, {"lives": lives}
+
+
+class RepeatFour(gym.Wrapper):
+    """The action repeat of AtariPreprocessing, without its screen processing."""
+
+    def step(self, action):
+        total = 0.0
+        for _ in range(4):
+            observation, reward, terminated, truncated, info = self.env.step(action)
+            total += reward
+            if terminated or truncated:
+                break
+        return observation, total, terminated, truncated, info
+
+
+def scripted_env(frames, proxy, reset_x=76):
+    console = ScriptedRiverraid(frames, reset_x)
+    scores = riverraid.FrameScores(console)
+    return riverraid.ProxyReward(RepeatFour(scores), scores, proxy)
+
+
+def four(score_frame, player_x, missile_y=NO_MISSILE_Y, lives=4, score=0):
+    """One agent step: four frames, ``score`` in frame ``score_frame``, the rest nothing."""
+    return [(score if i == score_frame else 0, player_x, missile_y, lives) for i in range(4)]
+
+
+def test_proxy_wrapper_scores_each_agent_step_from_frames_and_ram():
+    frames = [
+        *four(1, 76, score=80),  # a canister: 80 * 2
+        *four(3, 80, score=30),  # a tanker, and a move
+        *four(0, 76, lives=3),  # a life lost: the respawn in the middle is no move
+        *four(0, 76),  # alive again, no move
+    ]
+    env = scripted_env(frames, RewardProxy(fuel_multiplier=2, true_move_penalty=1))
+    env.reset()
+    steps = [env.step(0) for _ in range(4)]
+    assert [reward for _, reward, *_ in steps] == [160, 30, 0, 0]
+    assert [info["true_reward"] for *_, info in steps] == [80, 30, 0, 0]
+    assert [info["true_move"] for *_, info in steps] == [10, 9, 0, 10]
+
+
+def test_the_previous_position_resets_with_the_game():
+    frames = [*four(0, 90), *four(0, 90), *four(0, 50)]
+    env = scripted_env(frames, RewardProxy(move_penalty=4), reset_x=76)
+    env.reset()
+    assert env.step(0)[1] == 6  # 76 -> 90: a move
+    assert env.step(0)[1] == 10  # 90 -> 90
+    env.unwrapped.reset_x = 50
+    env.reset()
+    assert env.step(0)[1] == 10  # the new game starts at 50: no move from 90
+
+
+def test_a_missile_in_flight_costs_the_pacifist():
+    frames = [*four(0, 76, missile_y=100), *four(0, 76)]
+    env = scripted_env(frames, RewardProxy(fuel_multiplier=-4))
+    env.reset()
+    assert [env.step(1)[1] for _ in range(2)] == [6, 10]
+
+
+def test_the_last_step_of_a_game_keeps_its_true_reward_through_the_vector_env():
+    # The game ends in its third agent step, which scores 500; the vector env resets the
+    # game in that same step and keeps the last step's info aside ("final_info").
+    game_over = [(0, 77, NO_MISSILE_Y, 4), (500, 77, NO_MISSILE_Y, 4), (0, 77, NO_MISSILE_Y, 0)]
+    frames = [*four(0, 76), *four(0, 77), *game_over, *four(0, 76)]
+    vector = gym.vector.SyncVectorEnv(
+        [lambda: scripted_env(frames, RewardProxy(move_penalty=1, true_move_penalty=2))],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    env = BatchedEnv(vector, RIVERRAID, track_lives=True, true_reward_in_info=True)
+    env.reset()
+    steps = [env.step(np.zeros(1, np.int64)) for _ in range(3)]
+    last = steps[-1]
+    assert last["episode_end"][0]
+    assert last["episode_return"][0] == 10 + 9 + 0  # move proxy: alive, moved, game over
+    assert last["episode_true_return"][0] == 500
+    assert last["episode_true_move"][0] == 10 + 8 + 0
+
+
+# The real Riverraid ROM.
+
+
+def play(flags_args, steps, seed=0, fire=False):
+    flags = parse_flags(["--env", RIVERRAID, *flags_args])
+    env = create_env(flags, num_envs=1)
+    rng = np.random.default_rng(seed)
+    rewards, true_rewards, true_moves = [], [], []
+    try:
+        previous = env.reset(seed=seed)
+        for _ in range(steps):
+            action = np.array([1 if fire else rng.integers(18)])
+            step = env.step(action)
+            start_true = 0.0 if previous["episode_end"][0] else previous["episode_true_return"][0]
+            start_move = 0.0 if previous["episode_end"][0] else previous["episode_true_move"][0]
+            rewards.append(float(step["reward"][0]))
+            true_rewards.append(float(step["episode_true_return"][0] - start_true))
+            true_moves.append(float(step["episode_true_move"][0] - start_move))
+            previous = step
+    finally:
+        env.close()
+    return np.array(rewards), np.array(true_rewards), np.array(true_moves)
+
+
+def test_real_rom_fuel_proxy_pays_canisters_ten_times_and_the_true_return_stays_the_score():
+    rewards, true_rewards, _ = play(["--fuel_multiplier", "10"], steps=1500)
+    extra = rewards - true_rewards
+    # Each canister adds 800 - 80 to the proxy; nothing else differs.
+    assert set(np.unique(extra)) <= {0.0, 720.0, 1440.0}
+    assert (extra == 720).sum() >= 1, "random play shot no canister"
+    assert (true_rewards > 0).sum() > (extra > 0).sum()  # other points count the same
+
+
+def test_real_rom_pacifist_charges_the_steps_a_missile_flies():
+    rewards, true_rewards, _ = play(["--fuel_multiplier", "-3"], steps=300, fire=True)
+    assert set(np.unique(rewards)) <= {10.0, 7.0, 0.0, -3.0}
+    assert (rewards == 7).sum() > 50  # firing all the time keeps a missile in flight
+    assert true_rewards.sum() > 0  # and the missiles score, in the true return
+
+
+def test_real_rom_move_proxy_and_true_move_differ_by_their_penalties():
+    rewards, _, true_moves = play(["--move_penalty", "2", "--true_move_penalty", "0.5"], 800)
+    moved = rewards == 8
+    assert moved.sum() > 10 and (rewards == 10).sum() > 10
+    # Alive steps: the same moves, charged 2 by the proxy and 0.5 by the true move.
+    alive = (rewards == 10) | moved
+    assert np.array_equal(true_moves[alive], np.where(moved, 9.5, 10.0)[alive])
+
+
+def test_real_rom_without_proxy_flags_stays_on_the_fast_vector_env():
+    env = create_env(RIVERRAID, num_envs=1)
+    try:
+        assert type(env.env).__name__ == "AtariVectorEnv"
+    finally:
+        env.close()
+    env = create_env(argparse.Namespace(env=RIVERRAID, fuel_multiplier=2.0), num_envs=1)
+    try:
+        assert isinstance(env.env, gym.vector.SyncVectorEnv)
+    finally:
+        env.close()
