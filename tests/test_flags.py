@@ -203,6 +203,8 @@ def test_original_readme_test_mode_command_line_parses():
         (["--num_episodes", "0"], "--num_episodes"),
         (["--hidden_size", "0"], "--hidden_size"),
         (["--num_layers", "0"], "--num_layers"),
+        (["--fuel_multiplier", "nan"], "--fuel_multiplier"),
+        (["--move_penalty", "inf"], "--move_penalty"),
         (["--seed", "-1"], "--seed"),
         (["--discounting", "1.5"], "--discounting"),
         (["--discounting", "-0.1"], "--discounting"),

@@ -127,6 +127,23 @@ def test_hidden_size_and_num_layers_shape_the_atari_torso():
     assert linear_shapes(model.torso) == [(3136, 128), (128, 128), (128, 128)]
 
 
+@pytest.mark.parametrize("width, depth", [(256, 1), (1024, 2), (4096, 3)])
+def test_width_and_depth_set_the_parameter_count(width, depth):
+    # The reward-misspecification sweeps: Linear(3136, H), then L - 1 Linear(H, H).
+    model = make_model(ATARI_SHAPE, 18, "--hidden_size", str(width), "--num_layers", str(depth))
+    core = width + 18 + 1
+    expected = (
+        conv_parameters(4, 32, 8)
+        + conv_parameters(32, 64, 4)
+        + conv_parameters(64, 64, 3)
+        + linear_parameters(3136, width)
+        + (depth - 1) * linear_parameters(width, width)
+        + linear_parameters(core, 18)
+        + linear_parameters(core, 1)
+    )
+    assert count_parameters(model) == expected
+
+
 def test_heads_read_the_hidden_size_plus_reward_and_last_action():
     model = make_model(ATARI_SHAPE, 6, "--hidden_size", "128")
     assert linear_shapes(model.policy) == [(128 + 1 + 6, 6)]

@@ -131,6 +131,39 @@ def test_polybeast_trains_an_lstm_on_streams_of_several_envs(tmp_path, sockets):
     assert {client.rsplit("/", 1)[1] for client in clients} == {"0", "1", "2"}
 
 
+def test_riverraid_proxy_is_computed_by_the_env_servers_and_logged_by_the_learner(
+    tmp_path, sockets
+):
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast", "--env", "RiverraidNoFrameskip-v4",
+         "--batch_size", "2", "--unroll_length", "40", "--hidden_size", "64", "--disable_cuda",
+         "--num_actors", "2", "--num_servers", "1", "--envs_per_actor", "2",
+         "--move_penalty", "-1", "--true_move_penalty", "2",
+         "--pipes_basename", f"unix:{sockets}/env", "--total_steps", "4000",
+         "--savedir", str(tmp_path), "--xpid", "run"],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = [row for row in read_rows(tmp_path / "run" / "logs.csv") if row["episodes"] != "0"]
+    assert rows, "no episode ended"
+    for row in rows:
+        # Over A steps alive with M <= A moves: the deviate proxy earns at most 10 A, and
+        # the true move is 10 A - 2 M >= 8 A; so the proxy return is at most 1.25 times
+        # the true move. The true return is the game score, which random play earns.
+        true_move = float(row["mean_episode_true_move"])
+        assert float(row["mean_episode_return"]) <= 1.25 * true_move
+        assert float(row["mean_episode_true_return"]) > 0
+    # Eval plays on the checkpoint's env: the learner was told none.
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast_learner", "--mode", "eval", "--savedir",
+         str(tmp_path), "--xpid", "run", "--num_episodes", "1", "--move_penalty", "-1",
+         "--true_move_penalty", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "RiverraidNoFrameskip-v4" in (tmp_path / "run" / "eval.json").read_text()
+
+
 def test_learner_dials_env_servers_over_tcp(tmp_path, processes):
     servers = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
     env_log = tmp_path / "env.log"
@@ -337,7 +370,7 @@ def step_of(observation: np.ndarray) -> pb.EnvMessage:
         step=pb.Step(
             observation=pb.ArrayNest(array=codec.encode_array(observation)),
             reward=[0.0], done=[False], episode_end=[False], episode_return=[0.0],
-            episode_step=[0],
+            episode_step=[0], episode_true_return=[0.0], episode_true_move=[0.0],
         )
     )  # fmt: skip
 

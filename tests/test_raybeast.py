@@ -277,3 +277,23 @@ def test_a_signal_to_the_process_group_saves_a_checkpoint_and_stops_ray(tmp_path
     wait_for(
         lambda: not rollout_actor_pids() and set(ray_daemon_pids()) <= before, 30, "Ray to stop"
     )
+
+
+def test_riverraid_proxy_statistics_and_eval_mode(tmp_path, ray_cluster):
+    run = ["--env", "RiverraidNoFrameskip-v4", "--hidden_size", "64", "--fuel_multiplier", "0"]
+    trained = raybeast(
+        tmp_path, *SMALL_RUN[2:], *run, "--ray_address", ray_cluster, "--total_steps", "5000",
+        "--xpid", "run",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    rows = [row for row in read_rows(tmp_path / "run" / "logs.csv") if row["episodes"] != "0"]
+    assert rows, "no episode ended"
+    # Canisters are worth nothing to the fuel proxy with multiplier 0: the proxy return is
+    # the game score less 80 per canister.
+    assert all(
+        float(row["mean_episode_return"]) <= float(row["mean_episode_true_return"]) for row in rows
+    )
+    assert all(float(row["mean_episode_true_move"]) > 0 for row in rows)
+    evaluated = raybeast(tmp_path, *run, "--mode", "eval", "--xpid", "run", "--num_episodes", "1")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert (tmp_path / "run" / "eval.json").exists()

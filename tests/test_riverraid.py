@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
+from tests.test_monobeast import monobeast, read_rows
 from torchbeast.core.flags import parse_flags
+from torchbeast.core.models import count_parameters, create_model
 from torchbeast.envs import BatchedEnv, EnvError, create_env, riverraid
 from torchbeast.envs.riverraid import (
     MISSILE_Y,
@@ -287,3 +291,91 @@ def test_real_rom_without_proxy_flags_stays_on_the_fast_vector_env():
         assert isinstance(env.env, gym.vector.SyncVectorEnv)
     finally:
         env.close()
+
+
+# End to end: training logs the true return and move; eval mode writes eval.json.
+
+SHORT_RIVERRAID = [
+    "--env", RIVERRAID, "--num_actors", "2", "--envs_per_actor", "2", "--batch_size", "4",
+    "--unroll_length", "40", "--hidden_size", "64", "--num_layers", "2", "--disable_cuda",
+]  # fmt: skip
+FUEL = ["--fuel_multiplier", "10", "--true_move_penalty", "1"]
+RIGHT = 3  # Riverraid's action: steering right all the way ends each life in about 64 steps
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A short run on the fuel proxy, then its policy made to steer right greedily (an
+    untrained greedy policy may never start the game, which waits for the player)."""
+    savedir = tmp_path_factory.mktemp("riverraid")
+    result = monobeast(savedir, *SHORT_RIVERRAID, *FUEL, "--total_steps", "6000", "--xpid", "r")
+    assert result.returncode == 0, result.stderr
+    path = savedir / "r" / "model.tar"
+    state = torch.load(path, weights_only=True)
+    state["model_state_dict"]["policy.bias"][RIGHT] += 1e6
+    torch.save(state, path)
+    return savedir, result
+
+
+def test_training_on_a_proxy_logs_true_return_and_move(trained_run):
+    savedir, result = trained_run
+    rows = [row for row in read_rows(savedir / "r" / "logs.csv") if row["episodes"] != "0"]
+    assert rows, "no episode ended"
+    for row in rows:
+        # The fuel proxy pays at least the game score; the true move is 10 per step alive
+        # minus 1 per move, so positive.
+        assert float(row["mean_episode_return"]) >= float(row["mean_episode_true_return"]) > 0
+        assert float(row["mean_episode_true_move"]) > 0
+    assert "Reward: fuel proxy (canisters worth 800); true move penalty 1." in result.stdout
+    warnings = [line for line in result.stdout.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and "--reward_clipping none" in warnings[0]
+    parameters = count_parameters(create_model(dict(kind="atari", hidden_size=64, num_layers=2,
+                                                    use_lstm=False), (4, 84, 84), 18))  # fmt: skip
+    assert f"atari model, {parameters} parameters" in result.stdout
+
+
+def test_eval_mode_writes_the_mean_and_std_of_each_figure_to_eval_json(trained_run):
+    savedir, _ = trained_run
+    # The model flags are read from the checkpoint: the eval command need not repeat them.
+    result = monobeast(
+        savedir, "--env", RIVERRAID, "--mode", "eval", "--xpid", "r", "--num_episodes", "2",
+        *FUEL,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "WARNING" not in result.stdout  # the proxy flags are the trained ones
+    report = json.loads((savedir / "r" / "eval.json").read_text())
+    assert report["num_episodes"] == 2 and len(report["episodes"]) == 2
+    assert report["reward_proxy"] == {
+        "fuel_multiplier": 10.0, "move_penalty": 0.0, "true_move_penalty": 1.0
+    }  # fmt: skip
+    state = torch.load(savedir / "r" / "model.tar", weights_only=True)
+    assert report["parameters"] == sum(t.numel() for t in state["model_state_dict"].values())
+    for episode in report["episodes"]:
+        length = episode["episode_length"]
+        assert length > 4  # four lives of steering into the bank
+        assert episode["proxy_return_per_step"] == pytest.approx(episode["proxy_return"] / length)
+        assert episode["true_return_per_step"] == pytest.approx(episode["true_return"] / length)
+        # 10 per step alive, minus 1 per move: steering right moves the plane.
+        assert 0 < episode["true_move"] < 10 * length
+    for name in ("proxy_return", "true_return", "true_move", "episode_length"):
+        values = [episode[name] for episode in report["episodes"]]
+        assert report[name]["mean"] == pytest.approx(np.mean(values))
+        assert report[name]["std"] == pytest.approx(np.std(values))
+        assert f"{name} " in result.stdout  # printed as mean ± std
+
+
+def test_eval_with_other_proxy_flags_says_so_in_one_warning(trained_run):
+    savedir, _ = trained_run
+    result = monobeast(
+        savedir, "--env", RIVERRAID, "--mode", "eval", "--xpid", "r", "--num_episodes", "1",
+        "--move_penalty", "2",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stdout.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1
+    assert "'move_penalty': 2.0" in warnings[0] and "'fuel_multiplier': 10.0" in warnings[0]
+    report = json.loads((savedir / "r" / "eval.json").read_text())
+    assert report["trained_with_reward_proxy"]["fuel_multiplier"] == 10.0
+    # Evaluated on the move proxy: 10 per step alive, minus 2 per move.
+    episode = report["episodes"][0]
+    assert episode["proxy_return"] <= 10 * episode["episode_length"]

@@ -9,6 +9,7 @@ Entry points call :func:`make_parser`, may add flags of their own, then call
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -42,6 +43,13 @@ def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
     return value
 
 
@@ -219,7 +227,7 @@ def add_reward_proxy_flags(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add(
         "--fuel_multiplier",
-        type=float,
+        type=finite_float,
         default=None,
         metavar="M",
         help="(new) Riverraid proxy: M >= 0 makes fuel canisters worth 80*M; M < 0 is the "
@@ -227,7 +235,7 @@ def add_reward_proxy_flags(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--move_penalty",
-        type=float,
+        type=finite_float,
         default=None,
         metavar="P",
         help="(new) Riverraid proxy when --fuel_multiplier is 1: 10 per step alive, minus P per "
@@ -235,7 +243,7 @@ def add_reward_proxy_flags(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--true_move_penalty",
-        type=float,
+        type=finite_float,
         default=None,
         metavar="Q",
         help="(new) Riverraid: the move measure with Q, logged as the true move, "
