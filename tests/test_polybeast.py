@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import shutil
 import signal
 import socket
@@ -311,7 +312,9 @@ def test_64_clients_train_one_learner_at_once(tmp_path, processes, sockets):
     )  # fmt: skip
     assert learner.wait(timeout=180) == 0, text(learner_log)
     assert logged_steps(tmp_path / "r")[-1] >= 16000
-    assert text(learner_log).count("connected (1 envs)") == 64
+    # Every client connected (one may redial while the learner shuts down: count ids).
+    connected = re.findall(r"Env stream (\S+)#\d+ connected", text(learner_log))
+    assert len(set(connected)) == 64
     # 250 steps per client on average, CartPole episodes of about 22 random steps: a client
     # that connects seconds late under load still ends episodes (8000 steps once left one out).
     clients = {row["client_id"].split("#")[0] for row in episodes(tmp_path / "r")}
