@@ -27,6 +27,7 @@ import grpc
 import numpy as np
 
 from torchbeast import envs
+from torchbeast.envs import riverraid
 from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
@@ -265,6 +266,14 @@ def stop_processes(processes: list[mp.process.BaseProcess], timeout_s: float = 5
 def run_processes(flags: argparse.Namespace) -> int:
     """polybeast_env: runs the processes until a signal, or until one of them fails."""
     processes = start_processes(flags)
+    proxy = riverraid.proxy_from_flags(flags)
+    if proxy is not None:
+        logging.basicConfig(format="[%(levelname)s:%(process)d %(asctime)s] %(message)s")
+        log.warning(
+            "Reward: %s. Give the learner the same proxy flags so that it logs the true "
+            "return and move.",
+            proxy.describe(),
+        )
     stop = _stop_on_signals()
     status = 0
     try:
