@@ -55,12 +55,9 @@ def test_original_flag_has_the_original_default(name, default):
     assert getattr(parse(), name) == default
 
 
-def test_mode_accepts_train_test_and_test_render():
-    assert [parse("--mode", mode).mode for mode in ("train", "test", "test_render")] == [
-        "train",
-        "test",
-        "test_render",
-    ]
+def test_mode_accepts_train_test_test_render_and_eval():
+    modes = ("train", "test", "test_render", "eval")
+    assert [parse("--mode", mode).mode for mode in modes] == list(modes)
 
 
 def test_mode_refuses_another_value(capsys):
