@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-from tests.test_monobeast import monobeast, read_rows
+from tests.test_monobeast import REPO, assert_one_error_line, monobeast, read_rows
 from torchbeast.core.flags import parse_flags
 from torchbeast.core.models import count_parameters, create_model
 from torchbeast.envs import BatchedEnv, EnvError, create_env, riverraid
@@ -23,6 +25,7 @@ from torchbeast.envs.riverraid import (
     proxy_from_flags,
     proxy_reward,
 )
+from torchbeast.runtime.poly.trainer import env_flags, make_learner_parser
 
 RIVERRAID = "RiverraidNoFrameskip-v4"
 
@@ -183,15 +186,23 @@ def test_proxy_wrapper_scores_each_agent_step_from_frames_and_ram():
     frames = [
         *four(1, 76, score=80),  # a canister: 80 * 2
         *four(3, 80, score=30),  # a tanker, and a move
-        *four(0, 76, lives=3),  # a life lost: the respawn in the middle is no move
+        *four(0, 76),  # back in the middle after a crash, the life not yet taken: a move
+        *four(0, 76, lives=3),  # the life taken: not alive
         *four(0, 76),  # alive again, no move
     ]
     env = scripted_env(frames, RewardProxy(fuel_multiplier=2, true_move_penalty=1))
     env.reset()
-    steps = [env.step(0) for _ in range(4)]
-    assert [reward for _, reward, *_ in steps] == [160, 30, 0, 0]
-    assert [info["true_reward"] for *_, info in steps] == [80, 30, 0, 0]
-    assert [info["true_move"] for *_, info in steps] == [10, 9, 0, 10]
+    steps = [env.step(0) for _ in range(5)]
+    assert [reward for _, reward, *_ in steps] == [160, 30, 0, 0, 0]
+    assert [info["true_reward"] for *_, info in steps] == [80, 30, 0, 0, 0]
+    assert [info["true_move"] for *_, info in steps] == [10, 9, 9, 0, 10]
+
+
+def test_the_previous_position_resets_when_a_life_is_taken():
+    frames = [*four(0, 76), *four(0, 90, lives=3), *four(0, 90)]
+    env = scripted_env(frames, RewardProxy(move_penalty=4))
+    env.reset()
+    assert [env.step(0)[1] for _ in range(3)] == [10, 0, 10]  # no move charged after 90
 
 
 def test_the_previous_position_resets_with_the_game():
@@ -278,6 +289,36 @@ def test_real_rom_move_proxy_and_true_move_differ_by_their_penalties():
     # Alive steps: the same moves, charged 2 by the proxy and 0.5 by the true move.
     alive = (rewards == 10) | moved
     assert np.array_equal(true_moves[alive], np.where(moved, 9.5, 10.0)[alive])
+
+
+def test_real_rom_the_jump_back_to_the_middle_is_one_move_and_the_life_taken_pays_nothing():
+    flags = parse_flags(["--env", RIVERRAID, "--move_penalty", "4"])
+    env = create_env(flags, num_envs=1)
+    console = env.env.envs[0].unwrapped.ale
+    try:
+        env.reset(seed=0)
+        positions, rewards, lives = [], [], []
+        for _ in range(200):  # steering right crashes into the bank
+            step = env.step(np.array([3]))
+            positions.append(int(console.getRAM()[PLAYER_X]))
+            rewards.append(float(step["reward"][0]))
+            lives.append(console.lives())
+    finally:
+        env.close()
+    back = next(t for t in range(1, 200) if positions[t] == 76 and positions[t - 1] > 85)
+    taken = next(t for t in range(1, 200) if lives[t] < lives[t - 1])
+    assert back < taken  # the plane is back in the middle before the life is taken
+    assert rewards[back] == 6  # 10 alive, minus 4 for the jump
+    assert rewards[taken] == 0  # not alive; and no move
+
+
+def test_polybeast_passes_proxy_values_that_look_like_options_to_its_env_servers():
+    learner_flags = parse_flags(
+        ["--env", RIVERRAID, "--move_penalty=-1e-05", "--fuel_multiplier", "1"],
+        make_learner_parser("test"),
+    )
+    assert env_flags(learner_flags).move_penalty == -1e-05
+    assert env_flags(learner_flags).fuel_multiplier == 1.0
 
 
 def test_real_rom_without_proxy_flags_stays_on_the_fast_vector_env():
@@ -381,6 +422,18 @@ def test_eval_with_other_proxy_flags_says_so_in_one_warning(trained_run):
     assert "'move_penalty': 2.0" in warnings[0] and "'fuel_multiplier': 10.0" in warnings[0]
     report = json.loads((savedir / "r" / "eval.json").read_text())
     assert report["trained_with_reward_proxy"]["fuel_multiplier"] == 10.0
-    # Evaluated on the move proxy: 10 per step alive, minus 2 per move.
+    # Evaluated on the move proxy, 10 A - 2 M over A steps alive and M <= A moves, while
+    # the true move (penalty 0) is 10 A: between 80% and 100% of it, since the plane moves.
     episode = report["episodes"][0]
-    assert episode["proxy_return"] <= 10 * episode["episode_length"]
+    assert 0.8 * episode["true_move"] <= episode["proxy_return"] < episode["true_move"]
+
+
+def test_eval_of_a_file_that_is_no_torchbeast_checkpoint_is_one_clear_error(tmp_path):
+    (tmp_path / "r").mkdir()
+    torch.save({"model_state_dict": {}}, tmp_path / "r" / "model.tar")
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast_learner", "--mode", "eval",
+         "--savedir", str(tmp_path), "--xpid", "r"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert_one_error_line(result, "is not a torchbeast checkpoint (no env)")

@@ -233,7 +233,10 @@ def make_single_atari(
 ) -> gym.Env:
     """The same preprocessing from Gymnasium's wrappers: for rendering one game, and for
     Riverraid's reward proxies, which need each emulator frame's score."""
-    env = gym.make(env_id, frameskip=1, render_mode=render_mode, max_num_frames_per_episode=108000)
+    frame_limit = gym_spec(env_id).kwargs.get("max_num_frames_per_episode", 108000)
+    env = gym.make(
+        env_id, frameskip=1, render_mode=render_mode, max_num_frames_per_episode=frame_limit
+    )
     if proxy is not None:
         env = frame_scores = riverraid.FrameScores(env)
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)

@@ -20,9 +20,11 @@ none of the three      (none)           the game score, like every other game
 move measure (the move or deviate row with q) as the *true move*, logged, never trained
 on. The *true return* is the game score.
 
-"Alive" means the step did not cost a life. A life lost puts the plane back in the
-middle: that jump is not a move, and the previous position starts afresh there, as it
-does when a game starts.
+"Alive" means the step did not cost a life, by the console's life counter: after a crash
+the game shows the explosion, puts the plane back in the middle, and only then (some 40
+agent steps after the crash) takes the life. The jump back to the middle is charged as a
+move, once per life lost. The previous position starts afresh with each episode: when a
+game starts and when a life is taken.
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-# RAM addresses (from the Atari annotated-RAM work of Anand et al. 2019).
+# RAM addresses (from the Atari annotated-RAM work of Anand et al. 2019); the proxies
+# read player_x and missile_y.
 PLAYER_X = 51
 MISSILE_Y = 50
-MISSILE_X = 117
-FUEL_METER_HIGH = 55
-FUEL_METER_LOW = 56
+MISSILE_X = 117  # not read by any proxy; kept for analyses
+FUEL_METER_HIGH = 55  # likewise
+FUEL_METER_LOW = 56  # likewise
 NO_MISSILE_Y = 180  # missile_y when no missile of the plane's is in flight
 
 CANISTER_POINTS = 80  # the score of one fuel canister, which nothing else scores
@@ -170,7 +173,7 @@ class ProxyReward(gym.Wrapper):
         lives = self.env.unwrapped.ale.lives()
         life_lost = lives < self.lives or terminated
         self.lives = lives
-        # A lost life puts the plane back in the middle: not a move of the agent's.
+        # The episode ends with the life: the next one starts from where the plane is.
         previous_x = player_x if life_lost else self.previous_x
         alive = not life_lost
         reward = proxy_reward(

@@ -53,7 +53,9 @@ def load_trained(flags: argparse.Namespace) -> tuple[dict, str]:
     path = os.path.join(flags.savedir, flags.xpid, "model.tar")
     state = checkpoint.load(path)
     if flags.env is None:
-        flags.env = state.get("env")
+        if "env" not in state:
+            raise checkpoint.CheckpointError(f"{path} is not a torchbeast checkpoint (no env)")
+        flags.env = state["env"]
     return state, path
 
 

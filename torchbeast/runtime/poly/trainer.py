@@ -139,7 +139,7 @@ def env_flags(flags: argparse.Namespace) -> argparse.Namespace:
         args += ["--connect", flags.serve, "--clients_per_process", str(per_server)]
     for name in ("auth_token", "tls_cert", "tls_key", "tls_ca", *PROXY_FLAGS):
         if getattr(flags, name) is not None:
-            args += [f"--{name}", str(getattr(flags, name))]
+            args.append(f"--{name}={getattr(flags, name)}")  # "=": values may start with "-"
     parsed = make_env_parser().parse_args(args)
     parsed.env_servers = flags.env_servers
     return parsed
