@@ -1,13 +1,15 @@
 """Specification of create_env: Atari preprocessing, episodic life, same-step autoreset
 and episode bookkeeping, on the real games (ale-py's ROMs), CartPole and MinAtar."""
 
+import argparse
 import itertools
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
 from torchbeast.core.rollout import EnvSpec
-from torchbeast.envs import EnvError, create_env, env_spec
+from torchbeast.envs import BatchedEnv, EnvError, create_env, env_spec, make_single_atari
 
 MAX_STEPS = 3000  # every episode played here ends well before this
 
@@ -124,6 +126,65 @@ def test_breakout_episode_ends_only_when_the_game_is_over(breakout_game):
 def test_breakout_episode_return_is_the_unclipped_score_of_the_whole_game(breakout_game):
     last = breakout_game[-1]
     assert last["episode_return"][0] == last["game_reward"] > 0
+
+
+def play_noop_breakout(env, max_steps):
+    """Plays NOOP only; returns the lives left at each done, and whether the game ended."""
+    env.reset(seed=0)
+    lives_at_done = []
+    for _ in range(max_steps):
+        output = env.step(np.zeros(env.num_envs, dtype=np.int64))
+        if output["done"][0]:
+            lives_at_done.append(int(env.lives[0]))
+        if output["episode_end"][0]:
+            return lives_at_done, True
+    return lives_at_done, False
+
+
+def wrapped_breakout(**flags):
+    """Breakout on Gymnasium's Python Atari wrappers (the Riverraid proxies' path)."""
+    vector_env = gym.vector.SyncVectorEnv(
+        [lambda: make_single_atari("BreakoutNoFrameskip-v4")],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    return BatchedEnv(vector_env, "BreakoutNoFrameskip-v4", track_lives=True, **flags)
+
+
+def test_fire_is_pressed_after_every_lost_life_so_a_noop_agent_loses_the_game(make_env):
+    # Breakout waits for FIRE to serve: only the FIRE after each lost life ends the game.
+    lives_at_done, ended = play_noop_breakout(make_env("BreakoutNoFrameskip-v4"), MAX_STEPS)
+    assert ended
+    assert lives_at_done == [4, 3, 2, 1, 5]  # the last done resets the game
+
+
+def test_no_fire_on_life_loss_leaves_a_noop_agent_waiting_after_its_first_lost_life(make_env):
+    flags = argparse.Namespace(env="BreakoutNoFrameskip-v4", no_fire_on_life_loss=True)
+    env = create_env(flags)
+    try:
+        lives_at_done, ended = play_noop_breakout(env, 1000)
+    finally:
+        env.close()
+    assert (lives_at_done, ended) == ([4], False)
+
+
+def test_python_wrapper_path_presses_fire_after_a_lost_life_too():
+    env = wrapped_breakout(fire_action=1)
+    try:
+        lives_at_done, ended = play_noop_breakout(env, MAX_STEPS)
+    finally:
+        env.close()
+    assert ended and lives_at_done == [4, 3, 2, 1, 5]
+
+
+def test_fire_replaces_only_the_action_right_after_a_lost_life(make_env):
+    env = make_env("BreakoutNoFrameskip-v4")
+    pressed = []
+    original_step = env.env.step
+    env.env.step = lambda actions: pressed.append(actions.tolist()) or original_step(actions)
+    play_noop_breakout(env, MAX_STEPS)
+    fire_steps = [i for i, actions in enumerate(pressed) if actions == [1]]
+    assert len(fire_steps) == 4  # one per lost life; the game's own reset fires by itself
+    assert all(actions == [0] for i, actions in enumerate(pressed) if i not in fire_steps)
 
 
 def test_atari_rewards_are_the_game_score_unclipped(make_env):

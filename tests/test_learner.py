@@ -42,7 +42,7 @@ def make_batch(seed=0) -> dict[str, torch.Tensor]:
             batch[name] = torch.rand(shape, generator=generator) < 0.2
         elif name in ("action", "last_action"):
             batch[name] = torch.randint(0, A, shape, generator=generator)
-        elif dtype == torch.int32:
+        elif dtype in (torch.int32, torch.int64):
             batch[name] = torch.randint(0, 100, shape, generator=generator, dtype=dtype)
         else:
             batch[name] = torch.randn(shape, generator=generator, dtype=dtype)

@@ -7,7 +7,9 @@ Usage::
 
 The figure has two panels sharing the x axis (agent steps): mean episode return
 on top, steps per second (SPS) below. Each run is one line, labelled by its
-folder name (the xpid).
+folder name (the xpid). ``--diagnostics`` adds the learner's health: policy entropy,
+KL between learner and behaviour policies, clipped importance weights, policy lag,
+the value function's explained variance and the gradient norm.
 """
 
 from __future__ import annotations
@@ -137,21 +139,58 @@ def sps_curve(
     return steps[keep], sps[keep]
 
 
-def plot_runs(runs: dict[str, dict[str, np.ndarray]], out: Path, window: int) -> None:
-    """Draw the two-panel figure for ``runs`` (label -> logs) into the PNG ``out``."""
-    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+# logs.csv column -> axis label of the --diagnostics panels.
+DIAGNOSTICS = {
+    "policy_entropy": "policy entropy (nats)",
+    "policy_kl": "KL(learner || behaviour)",
+    "clipped_rho_fraction": "clipped importance weights",
+    "policy_lag": "policy lag (updates)",
+    "explained_variance": "explained variance",
+    "grad_norm": "gradient norm (before clip)",
+}
+
+
+def column_curve(
+    logs: dict[str, np.ndarray], column: str, window: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """Steps and one column, NaN rows dropped, then smoothed over ``window``."""
+    steps = logs["step"]
+    values = logs.get(column, np.full_like(steps, math.nan))
+    keep = np.isfinite(steps) & np.isfinite(values)
+    return steps[keep], smooth(values[keep], window)
+
+
+def plot_runs(
+    runs: dict[str, dict[str, np.ndarray]], out: Path, window: int, diagnostics: bool = False
+) -> None:
+    """Draw the figure for ``runs`` (label -> logs) into the PNG ``out``: return and SPS,
+    and with ``diagnostics`` one panel per :data:`DIAGNOSTICS` column."""
+    panels = 2 + (len(DIAGNOSTICS) if diagnostics else 0)
+    columns = 2 if diagnostics else 1
+    rows = math.ceil(panels / columns)
+    fig = Figure(figsize=(FIGSIZE[0] * columns, FIGSIZE[1] * rows / 2), dpi=DPI)
     FigureCanvasAgg(fig)
-    ax_return, ax_sps = fig.subplots(2, 1, sharex=True)
+    axes = fig.subplots(rows, columns, sharex=True, squeeze=False).flatten()
+    ax_return, ax_sps = axes[0], axes[1]
     for i, (label, logs) in enumerate(runs.items()):
         color = f"C{i % 10}"
         ax_return.plot(*return_curve(logs, window), color=color, label=label)
         ax_sps.plot(*sps_curve(logs), color=color, label=label)
+        if diagnostics:
+            for ax, column in zip(axes[2:], DIAGNOSTICS, strict=False):
+                ax.plot(*column_curve(logs, column, window), color=color, label=label)
     smoothing = f" (mean of last {window})" if window > 1 else ""
     ax_return.set_ylabel(f"mean episode return{smoothing}")
     ax_sps.set_ylabel("steps per second")
-    ax_sps.set_xlabel("steps")
-    for ax in (ax_return, ax_sps):
+    if diagnostics:
+        for ax, name in zip(axes[2:], DIAGNOSTICS.values(), strict=False):
+            ax.set_ylabel(name)
+    for ax in axes[panels:]:
+        ax.set_visible(False)
+    for ax in axes[:panels]:
         ax.grid(alpha=0.3)
+    for ax in axes[panels - columns : panels]:
+        ax.set_xlabel("steps")
     ax_return.legend(loc="best", fontsize="small")
     fig.tight_layout()
     fig.savefig(out, format="png")
@@ -209,7 +248,8 @@ def _load(run: Run) -> dict[str, np.ndarray]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m torchbeast.plot",
-        description="Plot mean episode return and SPS against steps for one or more runs.",
+        description="Plot mean episode return and SPS (and with --diagnostics the "
+        "learner's health) against steps for one or more runs.",
     )
     parser.add_argument(
         "paths", nargs="*", metavar="PATH", help=f"a run's folder or its {LOGS_NAME}"
@@ -237,6 +277,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="plot the return as a rolling mean over the last N finite points; "
         "1 plots raw values (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--diagnostics",
+        action="store_true",
+        help="also plot policy entropy, KL, clipped importance weights, policy lag, "
+        "explained variance and gradient norm",
     )
     return parser
 
@@ -268,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"note: {label} has no finished episodes yet", file=sys.stderr)
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
-            plot_runs(logs, out, args.smooth)
+            plot_runs(logs, out, args.smooth, args.diagnostics)
         except OSError as e:
             raise PlotError(
                 f"cannot write {out}: {e.strerror or e}; pass --out with a writable path"

@@ -40,8 +40,8 @@ def add_ray_flags(parser: argparse.ArgumentParser) -> None:
     add(
         "--suppress_logs",
         action="store_true",
-        help="(new) Only progress lines (steps, SPS, loss, mean return) and warnings on the "
-        "console; out.log keeps everything.",
+        help="(new) Only progress lines (steps, SPS, time left, mean return, entropy) and "
+        "warnings on the console; out.log keeps everything.",
     )
 
 

@@ -57,7 +57,7 @@ def setup_console_logging() -> None:
 
 
 def suppress_console_logs() -> None:
-    """Keeps only progress lines (steps, SPS, loss, mean return) and warnings on the
+    """Keeps only progress lines (steps, SPS, time left, mean return, entropy) and warnings on the
     console; out.log still gets everything."""
 
     def progress_or_warning(record: logging.LogRecord) -> bool:

@@ -192,12 +192,24 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
         help="(new) Episodes to play in test and eval modes.",
     )
 
-    add_reward_proxy_flags(parser)
+    add_env_side_flags(parser)
 
     # Loss settings.
     add("--entropy_cost", default=0.0006, type=nonnegative_float, help="Entropy cost/multiplier.")
     add("--baseline_cost", default=0.5, type=nonnegative_float, help="Baseline cost/multiplier.")
     add("--discounting", default=0.99, type=unit_float, help="Discounting factor.")
+    add(
+        "--normalize_advantages",
+        action="store_true",
+        help="(new) Scale the policy gradient's advantages to mean 0, std 1 in each batch.",
+    )
+    add(
+        "--epochs",
+        default=1,
+        type=positive_int,
+        metavar="K",
+        help="(new) Gradient steps on each batch (V-trace corrects for the policy moving).",
+    )
     add(
         "--reward_clipping",
         default="abs_one",
@@ -209,9 +221,16 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
     add(
         "--learning_rate", default=0.00048, type=positive_float, metavar="LR", help="Learning rate."
     )
+    add(
+        "--optimizer",
+        default="rmsprop",
+        choices=["rmsprop", "adam"],
+        help="(new) The learner's optimizer.",
+    )
     add("--alpha", default=0.99, type=unit_float, help="RMSProp smoothing constant.")
     add("--momentum", default=0, type=nonnegative_float, help="RMSProp momentum.")
     add("--epsilon", default=0.01, type=positive_float, help="RMSProp epsilon.")
+    add("--adam_epsilon", default=1e-8, type=positive_float, help="(new) Adam epsilon.")
     add(
         "--grad_norm_clipping",
         default=40.0,
@@ -219,6 +238,17 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
         help="Global gradient norm clip.",
     )
     return parser
+
+
+def add_env_side_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags that change what the environments do; PolyBeast's env side takes them too."""
+    parser.add_argument(
+        "--no_fire_on_life_loss",
+        action="store_true",
+        help="(new) Atari: do not press FIRE after a lost life (the original's wrappers do; "
+        "games such as Breakout and Riverraid wait for it).",
+    )
+    add_reward_proxy_flags(parser)
 
 
 def add_reward_proxy_flags(parser: argparse.ArgumentParser) -> None:

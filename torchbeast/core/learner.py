@@ -52,8 +52,76 @@ def lr_lambda(flags: argparse.Namespace) -> Callable[[int], float]:
     return factor
 
 
+def make_optimizer(flags: argparse.Namespace, model: nn.Module) -> torch.optim.Optimizer:
+    """RMSprop (TorchBeast's) or Adam, from ``--optimizer``."""
+    if flags.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=flags.learning_rate, eps=flags.adam_epsilon)
+    return torch.optim.RMSprop(
+        model.parameters(),
+        lr=flags.learning_rate,
+        momentum=flags.momentum,
+        eps=flags.epsilon,
+        alpha=flags.alpha,
+    )
+
+
 def mean_or_nan(values: torch.Tensor) -> float:
     return float(values.mean()) if values.numel() else math.nan
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor | None) -> float:
+    """Mean of values [T, B] over the steps where mask is True (all when None)."""
+    if mask is not None:
+        values = values[mask.bool()]
+    return mean_or_nan(values.float())
+
+
+def explained_variance(targets: torch.Tensor, predictions: torch.Tensor) -> float:
+    """1 - Var(targets - predictions) / Var(targets): 1 is a perfect value function, 0 is
+    no better than a constant, below 0 worse than one. NaN when the targets are constant."""
+    if targets.numel() < 2:
+        return math.nan
+    variance = float(targets.var())
+    if variance == 0.0:
+        return math.nan
+    return 1.0 - float((targets - predictions).var()) / variance
+
+
+@torch.no_grad()
+def diagnostics(
+    learner_outputs: dict[str, torch.Tensor],
+    batch: dict[str, torch.Tensor],
+    vtrace_returns: vtrace.VTraceFromLogitsReturns,
+    loss_mask: torch.Tensor | None,
+    entropy_mask: torch.Tensor | None,
+    real: torch.Tensor,
+) -> dict[str, float]:
+    """What tells a researcher whether a run learns, per update:
+
+    - ``policy_entropy``: the learner policy's entropy, nats per step (ln A is uniform);
+    - ``policy_kl``: KL(learner policy || behaviour policy), nats per step;
+    - ``clipped_rho_fraction``: steps whose importance weight pi/mu was clipped at 1;
+    - ``explained_variance``: how much of the V-trace targets' variance the baseline
+      explains;
+    - ``policy_lag``: how many updates old the weights were that chose the actions.
+    """
+    logits = learner_outputs["policy_logits"]  # [T, B, A]
+    log_policy = torch.log_softmax(logits, dim=-1)
+    entropy = -torch.sum(log_policy.exp() * log_policy, dim=-1)  # [T, B]
+    kl = losses.policy_kl(logits, batch["policy_logits"])  # [T, B]
+    clipped = (vtrace_returns.log_rhos > 0).float()  # [T, B]
+    steps = real if loss_mask is None else loss_mask.bool()
+    stats = {
+        "policy_entropy": _masked_mean(entropy, entropy_mask),
+        "policy_kl": _masked_mean(kl, steps),
+        "clipped_rho_fraction": _masked_mean(clipped, steps),
+        "explained_variance": explained_variance(
+            vtrace_returns.vs[steps], learner_outputs["baseline"][steps]
+        ),
+    }
+    if "policy_version" in batch:
+        stats["policy_version"] = _masked_mean(batch["policy_version"], entropy_mask)
+    return stats
 
 
 class Learner:
@@ -75,13 +143,7 @@ class Learner:
         self.flags = flags
         self.model = model
         self.true_reward_stats = true_reward_stats
-        self.optimizer = torch.optim.RMSprop(
-            model.parameters(),
-            lr=flags.learning_rate,
-            momentum=flags.momentum,
-            eps=flags.epsilon,
-            alpha=flags.alpha,
-        )
+        self.optimizer = make_optimizer(flags, model)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(flags))
         self.on_update = on_update
         self.lock = threading.Lock()
@@ -99,7 +161,6 @@ class Learner:
         ``num_online``: the first columns that came from actors just now; the rest were
         replayed (default: all online).
         """
-        flags = self.flags
         with self.lock:
             # A NaN input would make the model's action sampling fail before the loss check.
             for key in ("frame", "reward"):
@@ -108,99 +169,151 @@ class Learner:
                         f"the batch holds a non-finite {key} at step {self.step}; the update "
                         "was not applied. Check the environment's observations and rewards"
                     )
-            learner_outputs, _ = self.model(batch, initial_core_state)
-
-            # The last baseline bootstraps the value beyond the rollout.
-            bootstrap_value = learner_outputs["baseline"][-1]  # [B]
-            # Drop the overlap step of the batch and the bootstrap step of the outputs.
-            batch = {key: tensor[1:] for key, tensor in batch.items()}
-            learner_outputs = {key: tensor[:-1] for key, tensor in learner_outputs.items()}
-            mask = batch.get("mask")  # [T, B] True for real new steps, or None: all real
-            T, B = batch["reward"].shape
-            num_online = B if num_online is None else num_online
-            real = torch.ones(T, B, dtype=torch.bool, device=batch["reward"].device)
-            if mask is not None:
-                real = mask.bool()
-            online = torch.zeros_like(real)  # [T, B] real steps of online columns
-            online[:, :num_online] = real[:, :num_online]
-            loss_mask, entropy_mask, trusted_fraction = mask, mask, math.nan
-            if num_online < B:
-                kl = losses.policy_kl(
-                    learner_outputs["policy_logits"], batch["policy_logits"]
-                )  # [T, B]
-                trusted = kl <= flags.trust_region_threshold
-                replayed = real & ~online
-                trusted_fraction = float((trusted & replayed).sum()) / max(int(replayed.sum()), 1)
-                loss_mask = online | (replayed & trusted)  # [T, B]
-                entropy_mask = online
-
-            rewards = losses.clip_rewards(batch["reward"], flags.reward_clipping)  # [T, B]
-            discounts = (~batch["done"]).float() * flags.discounting  # [T, B]
-
-            vtrace_returns = vtrace.from_logits(
-                behavior_policy_logits=batch["policy_logits"],
-                target_policy_logits=learner_outputs["policy_logits"],
-                actions=batch["action"],
-                discounts=discounts,
-                rewards=rewards,
-                values=learner_outputs["baseline"],
-                bootstrap_value=bootstrap_value,
-                mask=loss_mask,
-            )
-
-            pg_loss = losses.policy_gradient_loss(
-                learner_outputs["policy_logits"],
-                batch["action"],
-                vtrace_returns.pg_advantages,
-                mask=loss_mask,
-            )
-            baseline_loss = flags.baseline_cost * losses.baseline_loss(
-                vtrace_returns.vs - learner_outputs["baseline"], mask=loss_mask
-            )
-            entropy_loss = flags.entropy_cost * losses.entropy_loss(
-                learner_outputs["policy_logits"], mask=entropy_mask
-            )
-            total_loss = pg_loss + baseline_loss + entropy_loss
-
-            self.optimizer.zero_grad()
-            total_loss.backward()
-            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), flags.grad_norm_clipping)
-            total, norm = float(total_loss.detach()), float(grad_norm)
-            if not (math.isfinite(total) and math.isfinite(norm)):
-                self.optimizer.zero_grad()
-                raise NonFiniteLossError(
-                    f"loss became {total} (gradient norm {norm}) at step {self.step}; "
-                    "the update was not applied. Lower --learning_rate or check the "
-                    "environment's rewards"
-                )
-            self.optimizer.step()
+            # --epochs passes over the batch, V-trace correcting for the policy moving
+            # between them; the statistics describe the first pass.
+            first_pass = None
+            for _ in range(self.flags.epochs):
+                terms = self._losses(batch, initial_core_state, num_online)
+                norm = self._apply(terms["total_loss"])
+                if first_pass is None:
+                    first_pass, grad_norm = terms, norm
             self.scheduler.step()
+            return self._finish_update(first_pass, grad_norm)
 
-            self.step += int(online.sum())
-            self.updates += 1
-            if self.on_update is not None:
-                self.on_update(self.model)
+    def _losses(
+        self,
+        batch: dict[str, torch.Tensor],
+        initial_core_state: CoreState,
+        num_online: int | None,
+    ) -> dict:
+        """The V-trace losses of ``batch`` under the current weights, and what they used."""
+        flags = self.flags
+        learner_outputs, _ = self.model(batch, initial_core_state)
 
-            ended = batch["episode_end"] & online  # [T, B]
-            episode_returns = batch["episode_return"][ended]
-            stats = {
-                "step": self.step,
-                "total_loss": total,
-                "mean_episode_return": mean_or_nan(episode_returns),
-                "pg_loss": float(pg_loss.detach()),
-                "baseline_loss": float(baseline_loss.detach()),
-                "entropy_loss": float(entropy_loss.detach()),
-                "episodes": int(episode_returns.numel()),
-                "learning_rate": self.scheduler.get_last_lr()[0],
-                "grad_norm": norm,
-            }
-            if self.true_reward_stats:
-                stats["mean_episode_true_return"] = mean_or_nan(batch["episode_true_return"][ended])
-                stats["mean_episode_true_move"] = mean_or_nan(batch["episode_true_move"][ended])
-            if flags.replay_size > 0:
-                stats["replayed_columns"] = B - num_online
-                stats["trusted_fraction"] = trusted_fraction
-            return stats
+        # The last baseline bootstraps the value beyond the rollout.
+        bootstrap_value = learner_outputs["baseline"][-1]  # [B]
+        # Drop the overlap step of the batch and the bootstrap step of the outputs.
+        batch = {key: tensor[1:] for key, tensor in batch.items()}
+        learner_outputs = {key: tensor[:-1] for key, tensor in learner_outputs.items()}
+        mask = batch.get("mask")  # [T, B] True for real new steps, or None: all real
+        T, B = batch["reward"].shape
+        num_online = B if num_online is None else num_online
+        real = torch.ones(T, B, dtype=torch.bool, device=batch["reward"].device)
+        if mask is not None:
+            real = mask.bool()
+        online = torch.zeros_like(real)  # [T, B] real steps of online columns
+        online[:, :num_online] = real[:, :num_online]
+        loss_mask, entropy_mask, trusted_fraction = mask, mask, math.nan
+        if num_online < B:
+            kl = losses.policy_kl(
+                learner_outputs["policy_logits"], batch["policy_logits"]
+            )  # [T, B]
+            trusted = kl <= flags.trust_region_threshold
+            replayed = real & ~online
+            trusted_fraction = float((trusted & replayed).sum()) / max(int(replayed.sum()), 1)
+            loss_mask = online | (replayed & trusted)  # [T, B]
+            entropy_mask = online
+
+        rewards = losses.clip_rewards(batch["reward"], flags.reward_clipping)  # [T, B]
+        discounts = (~batch["done"]).float() * flags.discounting  # [T, B]
+
+        vtrace_returns = vtrace.from_logits(
+            behavior_policy_logits=batch["policy_logits"],
+            target_policy_logits=learner_outputs["policy_logits"],
+            actions=batch["action"],
+            discounts=discounts,
+            rewards=rewards,
+            values=learner_outputs["baseline"],
+            bootstrap_value=bootstrap_value,
+            mask=loss_mask,
+        )
+        advantages = vtrace_returns.pg_advantages  # [T, B]
+        if flags.normalize_advantages:
+            advantages = losses.normalize(advantages, loss_mask)
+
+        pg_loss = losses.policy_gradient_loss(
+            learner_outputs["policy_logits"], batch["action"], advantages, mask=loss_mask
+        )
+        baseline_loss = flags.baseline_cost * losses.baseline_loss(
+            vtrace_returns.vs - learner_outputs["baseline"], mask=loss_mask
+        )
+        entropy_loss = flags.entropy_cost * losses.entropy_loss(
+            learner_outputs["policy_logits"], mask=entropy_mask
+        )
+        return dict(
+            total_loss=pg_loss + baseline_loss + entropy_loss,
+            pg_loss=pg_loss,
+            baseline_loss=baseline_loss,
+            entropy_loss=entropy_loss,
+            batch=batch,
+            learner_outputs=learner_outputs,
+            vtrace_returns=vtrace_returns,
+            real=real,
+            online=online,
+            loss_mask=loss_mask,
+            entropy_mask=entropy_mask,
+            trusted_fraction=trusted_fraction,
+            num_online=num_online,
+        )
+
+    def _apply(self, total_loss: torch.Tensor) -> float:
+        """One optimizer step on ``total_loss``; returns the gradient norm before clipping."""
+        self.optimizer.zero_grad()
+        total_loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.flags.grad_norm_clipping)
+        total, norm = float(total_loss.detach()), float(grad_norm)
+        if not (math.isfinite(total) and math.isfinite(norm)):
+            self.optimizer.zero_grad()
+            raise NonFiniteLossError(
+                f"loss became {total} (gradient norm {norm}) at step {self.step}; "
+                "the update was not applied. Lower --learning_rate or check the "
+                "environment's rewards"
+            )
+        self.optimizer.step()
+        return norm
+
+    def _finish_update(self, terms: dict, grad_norm: float) -> dict[str, float]:
+        """Counts the update, publishes the weights and returns the update's statistics."""
+        batch, online = terms["batch"], terms["online"]
+        self.step += int(online.sum())
+        updates_before = self.updates
+        self.updates += 1
+        self.model.policy_version.fill_(self.updates)
+        if self.on_update is not None:
+            self.on_update(self.model)
+
+        ended = batch["episode_end"] & online  # [T, B]
+        episode_returns = batch["episode_return"][ended]
+        stats = {
+            "step": self.step,
+            "total_loss": float(terms["total_loss"].detach()),
+            "mean_episode_return": mean_or_nan(episode_returns),
+            "pg_loss": float(terms["pg_loss"].detach()),
+            "baseline_loss": float(terms["baseline_loss"].detach()),
+            "entropy_loss": float(terms["entropy_loss"].detach()),
+            "episodes": int(episode_returns.numel()),
+            "learning_rate": self.scheduler.get_last_lr()[0],
+            "grad_norm": grad_norm,
+        }
+        stats.update(
+            diagnostics(
+                terms["learner_outputs"],
+                batch,
+                terms["vtrace_returns"],
+                terms["loss_mask"],
+                terms["entropy_mask"],
+                terms["real"],
+            )
+        )
+        if "policy_version" in stats:
+            stats["policy_lag"] = updates_before - stats.pop("policy_version")
+        if self.true_reward_stats:
+            stats["mean_episode_true_return"] = mean_or_nan(batch["episode_true_return"][ended])
+            stats["mean_episode_true_move"] = mean_or_nan(batch["episode_true_move"][ended])
+        if self.flags.replay_size > 0:
+            stats["replayed_columns"] = batch["reward"].shape[1] - terms["num_online"]
+            stats["trusted_fraction"] = terms["trusted_fraction"]
+        return stats
 
     def state_dict(self) -> dict:
         return {
@@ -217,3 +330,4 @@ class Learner:
         self.scheduler.load_state_dict(state["scheduler_state_dict"])
         self.step = int(state["step"])
         self.updates = int(state.get("updates", 0))
+        self.model.policy_version.fill_(self.updates)

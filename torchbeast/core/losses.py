@@ -64,6 +64,16 @@ def policy_kl(target_logits: torch.Tensor, behaviour_logits: torch.Tensor) -> to
         return torch.sum(log_pi.exp() * (log_pi - log_mu), dim=-1)
 
 
+def normalize(advantages: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Advantages [T, B] shifted and scaled to mean 0 and standard deviation 1 over the
+    real steps (``mask``), as PPO does per batch; padded steps stay 0."""
+    real = advantages if mask is None else advantages[mask.bool()]
+    if real.numel() < 2:
+        return advantages
+    normalized = (advantages - real.mean()) / (real.std() + 1e-8)
+    return normalized if mask is None else normalized * mask.to(normalized.dtype)
+
+
 def clip_rewards(rewards: torch.Tensor, mode: str) -> torch.Tensor:
     if mode == "abs_one":
         return torch.clamp(rewards, -1, 1)

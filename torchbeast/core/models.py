@@ -7,7 +7,9 @@ Every model takes a dict of time-major inputs and a recurrent core state::
     done         [T, B]               the frame starts a new episode
     last_action  [T, B]               action that led to the frame
 
-and returns ``(dict(policy_logits [T, B, A], baseline [T, B], action [T, B]), core_state)``.
+and returns ``(dict(policy_logits [T, B, A], baseline [T, B], action [T, B],
+policy_version [T, B]), core_state)``; ``policy_version`` is the number of learner updates
+behind the weights.
 The torso embeds the frame; the core sees the embedding, the clipped reward and the
 one-hot last action, optionally through an LSTM whose state is zeroed where an episode
 starts; the heads give the policy logits and the baseline. Actions are sampled in train
@@ -120,6 +122,9 @@ class Agent(nn.Module):
         self.core = nn.LSTM(core_size, core_size, lstm_layers) if use_lstm else None
         self.policy = nn.Linear(core_size, num_actions)
         self.baseline = nn.Linear(core_size, 1)
+        # Learner updates behind these weights, carried into rollouts to measure policy lag;
+        # not saved in checkpoints (the learner's update count is).
+        self.register_buffer("policy_version", torch.zeros((), dtype=torch.int64), persistent=False)
 
     def initial_state(self, batch_size: int = 1) -> CoreState:
         if self.core is None:
@@ -167,6 +172,7 @@ class Agent(nn.Module):
                 policy_logits=policy_logits.view(T, B, self.num_actions),
                 baseline=baseline.view(T, B),
                 action=action.view(T, B),
+                policy_version=self.policy_version.expand(T, B),
             ),
             core_state,
         )

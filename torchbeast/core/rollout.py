@@ -47,6 +47,7 @@ def rollout_spec(env_spec: EnvSpec, unroll_length: int) -> dict[str, tuple[tuple
         policy_logits=((T1, env_spec.num_actions), torch.float32),
         baseline=((T1,), torch.float32),
         action=((T1,), torch.int64),
+        policy_version=((T1,), torch.int64),
     )
 
 
@@ -72,4 +73,4 @@ ENV_KEYS = (
     "episode_end",
     "last_action",
 )
-AGENT_KEYS = ("policy_logits", "baseline", "action")
+AGENT_KEYS = ("policy_logits", "baseline", "action", "policy_version")

@@ -4,9 +4,11 @@ Atari ids (``*NoFrameskip-v4``, ``ALE/*-v5``) run on ale-py's ``AtariVectorEnv``
 threaded) with the DeepMind preprocessing TorchBeast used: up to 30 no-ops on reset,
 action repeat 4 with a max over the last two frames, fire on reset, 84x84 grayscale, a
 stack of 4 (uint8 [4, 84, 84]), and episodic life: a lost life ends the episode for the
-learner (done) while the game goes on. Episode returns are the unclipped game score of
-the whole game. Other ids (CartPole-v1, MinAtar/Breakout-v1, ...) run on Gymnasium's
-``SyncVectorEnv``.
+learner (done) while the game goes on, and the next step presses FIRE in place of the
+agent's action in games that have it (the original's wrappers press it on every reset,
+including after a lost life; ``--no_fire_on_life_loss`` turns this off). Episode returns
+are the unclipped game score of the whole game. Other ids (CartPole-v1,
+MinAtar/Breakout-v1, ...) run on Gymnasium's ``SyncVectorEnv``.
 
 Every step returns numpy arrays with a leading [N] dimension, TorchBeast style: when an
 episode ends the env resets at once, so ``frame`` is the new episode's first frame while
@@ -27,7 +29,7 @@ import gymnasium as gym
 import numpy as np
 
 from torchbeast.core.spec import EnvSpec
-from torchbeast.envs import riverraid
+from torchbeast.envs import cue, riverraid
 
 ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
 LIST_IDS_HINT = "list valid ids with: python -m torchbeast.envs"
@@ -47,6 +49,7 @@ def _register_optional_envs() -> None:
     import ale_py
 
     gym.register_envs(ale_py)
+    cue.register()
     try:
         import minatar.gym
     except ImportError:
@@ -85,6 +88,7 @@ class BatchedEnv:
         env_id: str,
         track_lives: bool,
         true_reward_in_info: bool = False,
+        fire_action: int | None = None,
     ):
         self.env = vector_env
         self.num_envs = vector_env.num_envs
@@ -119,6 +123,10 @@ class BatchedEnv:
         self.episode_true_move = np.zeros(n, dtype=np.float32)
         self.episode_step = np.zeros(n, dtype=np.int32)
         self.lives = np.zeros(n, dtype=np.int64)
+        # The action pressed, in place of the agent's, right after a lost life (as the
+        # original's episodic-life + fire-reset wrappers do); None: never.
+        self.fire_action = fire_action
+        self.fire_next = np.zeros(n, dtype=bool)
 
     def reset(self, seed: int | None = None) -> dict[str, np.ndarray]:
         frame, info = self.env.reset(seed=seed)
@@ -130,6 +138,7 @@ class BatchedEnv:
         self.episode_step[:] = 0
         if self.track_lives:
             self.lives[:] = info["lives"]
+        self.fire_next[:] = False
         return dict(
             frame=frame,
             reward=np.zeros(n, dtype=np.float32),
@@ -143,7 +152,10 @@ class BatchedEnv:
         )
 
     def step(self, actions: np.ndarray) -> dict[str, np.ndarray]:
-        frame, reward, terminated, truncated, info = self.env.step(actions)
+        pressed = actions
+        if self.fire_next.any():
+            pressed = np.where(self.fire_next, self.fire_action, actions).astype(actions.dtype)
+        frame, reward, terminated, truncated, info = self.env.step(pressed)
         if self.cast_to is not None:
             frame = frame.astype(self.cast_to)
         reward = reward.astype(np.float32, copy=False)
@@ -152,8 +164,12 @@ class BatchedEnv:
         if self.track_lives:
             lives = info["lives"]
             # Episodic life: a lost life is an episode end for the learner only.
-            done = game_over | (lives < self.lives)
+            lost_life = lives < self.lives
+            done = game_over | lost_life
             self.lives[:] = lives
+            if self.fire_action is not None:
+                # The game goes on after a lost life; games that wait for FIRE get it.
+                self.fire_next = lost_life & ~game_over
         self.episode_return += reward
         if self.true_reward_in_info:
             self.episode_true_return += step_info(info, "true_reward")
@@ -281,7 +297,24 @@ def create_env(
         vector_env = gym.vector.SyncVectorEnv(
             [lambda: gym.make(env_id, **make_kwargs)] * num_envs, autoreset_mode=autoreset
         )
-    return BatchedEnv(vector_env, env_id, track_lives=atari, true_reward_in_info=proxy is not None)
+    fire_on_life_loss = isinstance(flags, str) or not getattr(flags, "no_fire_on_life_loss", False)
+    return BatchedEnv(
+        vector_env,
+        env_id,
+        track_lives=atari,
+        true_reward_in_info=proxy is not None,
+        fire_action=fire_action(env_id) if atari and fire_on_life_loss else None,
+    )
+
+
+def fire_action(env_id: str) -> int | None:
+    """The index of FIRE in the game's action set, or None if it has no FIRE."""
+    env = gym.make(env_id)
+    try:
+        meanings = env.unwrapped.get_action_meanings()
+    finally:
+        env.close()
+    return meanings.index("FIRE") if "FIRE" in meanings else None
 
 
 def env_spec(flags: argparse.Namespace | str) -> EnvSpec:

@@ -50,6 +50,7 @@ class Unroller:
             "policy_logits": torch.zeros(num_envs, env_spec.num_actions),
             "baseline": torch.zeros(num_envs),
             "action": torch.zeros(num_envs, dtype=torch.int64),
+            "policy_version": torch.zeros(num_envs, dtype=torch.int64),
         }
         self.core_state = self.model.initial_state(num_envs)
         self.env_time = self.inference_time = 0.0

@@ -63,6 +63,7 @@ class SharedWeights:
         numel = sum(p.numel() for p in model.parameters())
         self.flat = torch.zeros(numel).share_memory_()
         self.version = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self.policy_version = torch.zeros((), dtype=torch.int64).share_memory_()
 
     def _views(self, model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
         views, offset = [], 0
@@ -76,6 +77,8 @@ class SharedWeights:
         with torch.no_grad():
             for param, shared in self._views(model):
                 shared.copy_(param)
+            if hasattr(model, "policy_version"):
+                self.policy_version.copy_(model.policy_version)
         self.version += 1
 
     def read_into(self, model: nn.Module, known_version: int) -> int:
@@ -90,6 +93,8 @@ class SharedWeights:
             with torch.no_grad():
                 for param, shared in self._views(model):
                     param.copy_(shared)
+                if hasattr(model, "policy_version"):
+                    model.policy_version.copy_(self.policy_version)
             if int(self.version) == before:
                 return before
 

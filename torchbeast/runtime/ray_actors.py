@@ -84,6 +84,7 @@ class RolloutActor:
                 for param in self.unroller.model.parameters():  # copy_ keeps channels_last
                     param.copy_(flat[offset : offset + param.numel()].view(param.shape))
                     offset += param.numel()
+                self.unroller.model.policy_version.fill_(version)
             self.version = version
         self.unroller.unroll(self.buffers, self.index, self.initial_core_states)
         env_time, inference_time = self.unroller.take_times()
@@ -112,13 +113,13 @@ class RayWeights:
     def __init__(self):
         self.lock = threading.Lock()
         self.ref: ray.ObjectRef | None = None
-        self.version = -1
+        self.version = -1  # the learner updates behind the weights (policy_version)
 
     def publish(self, model: nn.Module) -> None:
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy()
         ref = ray.put(flat)
         with self.lock:
-            self.ref, self.version = ref, self.version + 1
+            self.ref, self.version = ref, int(model.policy_version)
 
     def latest(self) -> tuple[ray.ObjectRef, int]:
         with self.lock:

@@ -289,14 +289,18 @@ class Trainer:
 
     def print_progress(self, step: int, sps: float) -> None:
         with self.stats_lock:
-            loss = self.last_stats.get("total_loss")
-            mean_return = "" if loss is None else self.mean_return_text()
+            entropy = self.last_stats.get("policy_entropy")
+            mean_return = "" if entropy is None else self.mean_return_text()
             true_text = self.true_outcome_text()
-        if loss is None:
+        if entropy is None:
             progress_log.info("Steps %d: waiting for the first batch from the actors.", step)
             return
         progress_log.info(
-            "Steps %d @ %.1f SPS. Loss %.4g.%s%s", step, sps, loss, mean_return, true_text
+            "%s.%s Entropy %.2f nats.%s",
+            progress_text(step, self.flags.total_steps, sps),
+            mean_return,
+            entropy,
+            true_text,
         )
 
     def true_outcome_text(self) -> str:
@@ -311,6 +315,24 @@ class Trainer:
         returns = self.recent_returns
         mean = f"{np.mean(returns):.1f}" if returns else "n/a"
         return f" Mean return (last {len(returns)} episodes) {mean}."
+
+
+def progress_text(step: int, total_steps: int, sps: float) -> str:
+    """ "Steps 1234560 of 5000000 (24.7%) @ 1150 SPS, 55 min left"."""
+    text = f"Steps {step} of {total_steps} ({100 * step / total_steps:.1f}%) @ {sps:.0f} SPS"
+    if sps > 0 and step < total_steps:
+        text += f", {format_duration((total_steps - step) / sps)} left"
+    return text
+
+
+def format_duration(seconds: float) -> str:
+    """A rough, readable duration: 45 s, 12 min, 3 h 05 min."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def check_replay_fits(flags: argparse.Namespace, env_spec: EnvSpec) -> None:

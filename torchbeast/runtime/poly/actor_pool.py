@@ -188,6 +188,7 @@ class PolyActorPool:
                 self.inference_model.parameters(), model.parameters(), strict=True
             ):
                 target.copy_(source)
+            self.inference_model.policy_version.copy_(model.policy_version)
 
     # ------------------------------------------------------------------ learner side
 

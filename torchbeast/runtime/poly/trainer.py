@@ -104,7 +104,7 @@ def add_env_flags(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         help="(new) Classic mode: most streams one env server serves at once.",
     )
-    core_flags.add_reward_proxy_flags(parser)
+    core_flags.add_env_side_flags(parser)
 
 
 def make_learner_parser(description: str) -> argparse.ArgumentParser:
@@ -134,6 +134,8 @@ def env_flags(flags: argparse.Namespace) -> argparse.Namespace:
     args += ["--envs_per_stream", str(flags.envs_per_actor)]
     if flags.seed is not None:
         args += ["--seed", str(flags.seed)]
+    if flags.no_fire_on_life_loss:
+        args.append("--no_fire_on_life_loss")
     if flags.serve:
         per_server = math.ceil(flags.num_actors / flags.num_servers)
         args += ["--connect", flags.serve, "--clients_per_process", str(per_server)]
