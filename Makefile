@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install train test bench lint format docs proto constraints clean
+.PHONY: install train test learn bench lint format docs proto constraints clean
 
 install: $(STAMP)
 
@@ -26,6 +26,11 @@ test: $(STAMP)
 	$(PY) -m ruff check torchbeast tests
 	$(PY) -m ruff format --check torchbeast tests
 	$(PY) -m pytest $(ARGS)
+
+# Learning checks: short runs (PixelCue, CartPole, MinAtar Breakout, Pong's early signal),
+# each printed against its band; about 25 minutes on 2 cores. ARGS=pixelcue runs one.
+learn: $(STAMP)
+	$(PY) -m torchbeast.learncheck $(ARGS)
 
 bench: $(STAMP)
 	$(PY) -m torchbeast.bench $(ARGS)

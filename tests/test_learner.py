@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from torchbeast.core import losses, vtrace
 from torchbeast.core.flags import parse_flags
-from torchbeast.core.learner import Learner, NonFiniteLossError
+from torchbeast.core.learner import Learner, NonFiniteLossError, explained_variance
 from torchbeast.core.models import create_model, model_config
 from torchbeast.core.rollout import EnvSpec, rollout_spec
 
@@ -493,3 +493,94 @@ def test_steps_and_episodes_count_online_columns_only():
     stats = learner.learn(batch, (), num_online=2)
     assert stats["step"] == learner.step == T * 2
     assert (stats["mean_episode_return"], stats["episodes"]) == (5.0, 1)
+
+
+# Diagnostics: what tells a researcher whether a run learns.
+
+
+def test_explained_variance_is_one_for_a_perfect_value_and_zero_for_the_mean():
+    targets = torch.tensor([1.0, 2.0, 3.0, 6.0])
+    assert explained_variance(targets, targets) == pytest.approx(1.0)
+    assert explained_variance(targets, torch.full_like(targets, 3.0)) == pytest.approx(0.0)
+    assert math.isnan(explained_variance(torch.ones(4), torch.zeros(4)))
+
+
+def test_diagnostics_are_the_entropy_kl_and_clipped_weights_of_the_batch():
+    flags = make_flags()
+    model = make_model(flags)
+    batch = make_batch()
+    with torch.no_grad():
+        outputs, _ = model(batch, ())
+    stats = Learner(flags, model).learn(batch)
+    logits = outputs["policy_logits"][:-1]  # the weights before the update acted here
+    log_pi = F.log_softmax(logits, dim=-1)
+    log_mu = F.log_softmax(batch["policy_logits"][1:], dim=-1)
+    entropy = -(log_pi.exp() * log_pi).sum(-1).mean()
+    kl = (log_pi.exp() * (log_pi - log_mu)).sum(-1).mean()
+    actions = batch["action"][1:].unsqueeze(-1)
+    rho_above_one = (log_pi.gather(-1, actions) > log_mu.gather(-1, actions)).float().mean()
+    assert stats["policy_entropy"] == pytest.approx(float(entropy), rel=1e-5)
+    assert stats["policy_kl"] == pytest.approx(float(kl), rel=1e-5)
+    assert stats["clipped_rho_fraction"] == pytest.approx(float(rho_above_one))
+    assert -10 < stats["explained_variance"] <= 1
+
+
+def test_policy_lag_counts_the_updates_since_the_acting_weights():
+    flags = make_flags()
+    learner = Learner(flags, make_model(flags))
+    batch = make_batch()
+    batch["policy_version"][:] = 0
+    lags = [learner.learn(batch)["policy_lag"] for _ in range(3)]
+    assert lags == [0, 1, 2]
+    assert int(learner.model.policy_version) == 3  # what the runtimes publish to actors
+
+
+def test_policy_version_is_restored_with_the_update_count():
+    flags = make_flags()
+    learner = Learner(flags, make_model(flags))
+    learner.learn(make_batch())
+    resumed = Learner(flags, make_model(flags, seed=1))
+    resumed.load_state_dict(learner.state_dict())
+    assert int(resumed.model.policy_version) == 1
+    assert "policy_version" not in learner.state_dict()["model_state_dict"]
+
+
+def test_normalized_advantages_have_mean_zero_and_std_one_over_real_steps():
+    advantages = torch.tensor([[1.0, 5.0], [3.0, 100.0]])
+    mask = torch.tensor([[True, True], [True, False]])
+    normalized = losses.normalize(advantages, mask)
+    real = normalized[mask]
+    assert float(real.mean()) == pytest.approx(0.0, abs=1e-6)
+    assert float(real.std()) == pytest.approx(1.0, rel=1e-5)
+    assert normalized[1, 1] == 0  # a padded step stays out
+
+
+def test_normalize_advantages_changes_the_policy_gradient_only():
+    plain_flags, flags = make_flags(), make_flags("--normalize_advantages")
+    plain = Learner(plain_flags, make_model(plain_flags)).learn(make_batch())
+    normalized = Learner(flags, make_model(flags)).learn(make_batch())
+    assert normalized["pg_loss"] != pytest.approx(plain["pg_loss"])
+    assert normalized["baseline_loss"] == pytest.approx(plain["baseline_loss"])
+    assert normalized["entropy_loss"] == pytest.approx(plain["entropy_loss"])
+
+
+def test_epochs_take_several_steps_on_one_batch_but_count_it_once():
+    flags = make_flags("--epochs", "3")
+    learner = Learner(flags, make_model(flags))
+    one_epoch = Learner(make_flags(), make_model(flags))
+    stats = learner.learn(make_batch())
+    one_epoch.learn(make_batch())
+    assert (learner.step, learner.updates, learner.optimizer.state_dict()["state"][0]["step"]) == (
+        T * B,
+        1,
+        3,
+    )
+    assert stats["learning_rate"] == pytest.approx(flags.learning_rate * (1 - T * B / 1500))
+    assert not torch.equal(next(learner.model.parameters()), next(one_epoch.model.parameters()))
+
+
+def test_adam_is_used_when_asked():
+    flags = make_flags("--optimizer", "adam", "--learning_rate", "0.001")
+    learner = Learner(flags, make_model(flags))
+    assert isinstance(learner.optimizer, torch.optim.Adam)
+    assert learner.optimizer.defaults["eps"] == flags.adam_epsilon == 1e-8

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.test_monobeast import read_rows
+from torchbeast import learncheck
 from torchbeast.envs import create_env
 from torchbeast.envs.cue import ENV_ID
 
@@ -113,8 +114,26 @@ def run(module: str, tmp_path, *args: str, timeout: float = 300) -> str:
     return os.path.join(tmp_path, "run")
 
 
-def test_monobeast_learns_pixel_cue(tmp_path):
-    check_learned(run("torchbeast.monobeast", tmp_path, "--xpid", "run"))
+def test_monobeast_learns_pixel_cue_through_the_learning_check_command(tmp_path, capsys):
+    assert learncheck.main(["pixelcue", "--savedir", str(tmp_path)]) == 0
+    assert "pixelcue: " in capsys.readouterr().out
+    check_learned(os.path.join(tmp_path, "learncheck-pixelcue"))
+
+
+def test_learning_check_takes_the_mean_of_the_last_100_episodes():
+    logs = {
+        "episodes": np.array([50.0, 0.0, 60.0, 40.0]),
+        "mean_episode_return": np.array([9.0, np.nan, 1.0, 2.0]),
+    }
+    # The last 100: 40 at 2.0 and 60 at 1.0 (the first row is older).
+    assert learncheck.mean_of_last_episodes(logs) == pytest.approx(1.4)
+    assert np.isnan(learncheck.mean_of_last_episodes({"episodes": np.zeros(2)}))
+
+
+def test_learning_check_refuses_an_unknown_check(capsys):
+    with pytest.raises(SystemExit):
+        learncheck.main(["nosuchcheck"])
+    assert "unknown check 'nosuchcheck'" in capsys.readouterr().err
 
 
 def test_polybeast_learns_pixel_cue(tmp_path):
