@@ -27,8 +27,8 @@ test: $(STAMP)
 	$(PY) -m ruff format --check torchbeast tests
 	$(PY) -m pytest $(ARGS)
 
-# Learning checks: short runs (PixelCue, CartPole, MinAtar Breakout, Pong's early signal),
-# each printed against its band; about 25 minutes on 2 cores. ARGS=pixelcue runs one.
+# Learning checks: short runs (PixelCue, CartPole, MinAtar Breakout) each printed against
+# its band, about 5 minutes on 2 cores; ARGS=pong-early runs Pong's early signal (15 min).
 learn: $(STAMP)
 	$(PY) -m torchbeast.learncheck $(ARGS)
 

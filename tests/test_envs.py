@@ -8,8 +8,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from torchbeast.core.flags import parse_flags
 from torchbeast.core.rollout import EnvSpec
 from torchbeast.envs import BatchedEnv, EnvError, create_env, env_spec, make_single_atari
+from torchbeast.runtime.poly.trainer import env_flags, make_learner_parser
 
 MAX_STEPS = 3000  # every episode played here ends well before this
 
@@ -185,6 +187,18 @@ def test_fire_replaces_only_the_action_right_after_a_lost_life(make_env):
     fire_steps = [i for i, actions in enumerate(pressed) if actions == [1]]
     assert len(fire_steps) == 4  # one per lost life; the game's own reset fires by itself
     assert all(actions == [0] for i, actions in enumerate(pressed) if i not in fire_steps)
+
+
+def test_fire_on_life_loss_is_the_default_and_can_be_turned_off():
+    assert parse_flags(["--xpid", "x"]).no_fire_on_life_loss is False
+    assert parse_flags(["--xpid", "x", "--no_fire_on_life_loss"]).no_fire_on_life_loss
+
+
+def test_polybeast_env_processes_get_no_fire_on_life_loss_from_the_learner():
+    parser = make_learner_parser("test")
+    flags = parse_flags(["--xpid", "x", "--no_fire_on_life_loss"], parser)
+    assert env_flags(flags).no_fire_on_life_loss
+    assert not env_flags(parse_flags(["--xpid", "x"], parser)).no_fire_on_life_loss
 
 
 def test_atari_rewards_are_the_game_score_unclipped(make_env):

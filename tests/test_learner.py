@@ -584,3 +584,44 @@ def test_adam_is_used_when_asked():
     learner = Learner(flags, make_model(flags))
     assert isinstance(learner.optimizer, torch.optim.Adam)
     assert learner.optimizer.defaults["eps"] == flags.adam_epsilon == 1e-8
+
+
+def test_explained_variance_logged_is_that_of_the_vtrace_targets():
+    flags = make_flags()
+    model = make_model(flags)
+    batch = make_batch()
+    with torch.no_grad():
+        outputs, _ = model(batch, ())
+    values = outputs["baseline"][:-1]
+    vs = vtrace.from_logits(
+        behavior_policy_logits=batch["policy_logits"][1:],
+        target_policy_logits=outputs["policy_logits"][:-1],
+        actions=batch["action"][1:],
+        discounts=(~batch["done"][1:]).float() * flags.discounting,
+        rewards=torch.clamp(batch["reward"][1:], -1, 1),
+        values=values,
+        bootstrap_value=outputs["baseline"][-1],
+    ).vs
+    expected = 1 - float((vs - values).var()) / float(vs.var())
+    stats = Learner(flags, model).learn(batch)
+    assert stats["explained_variance"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_failing_later_epoch_leaves_the_weights_and_optimizer_as_they_were():
+    flags = make_flags("--epochs", "2")
+    learner = Learner(flags, make_model(flags))
+    before = parameters(learner.model)
+    original_apply, calls = learner._apply, []
+
+    def fail_second_pass(total_loss):
+        calls.append(1)
+        if len(calls) == 2:
+            raise NonFiniteLossError("loss became nan")
+        return original_apply(total_loss)
+
+    learner._apply = fail_second_pass
+    with pytest.raises(NonFiniteLossError):
+        learner.learn(make_batch())
+    assert all(torch.equal(a, b) for a, b in zip(before, learner.model.parameters(), strict=True))
+    assert learner.optimizer.state_dict()["state"] == {}
+    assert (learner.step, learner.updates) == (0, 0)

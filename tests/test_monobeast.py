@@ -425,3 +425,10 @@ def test_sigterm_to_the_process_group_stops_without_restarting_actors(tmp_path):
     assert "died" not in out_log and "Stopped at step" in out_log
     assert (tmp_path / "run" / "model.tar").exists()
     wait_for(lambda: not any(alive(pid) for pid in actors), 10, "actors to exit")
+
+
+def test_resuming_with_another_optimizer_is_one_clear_error(tmp_path):
+    first = monobeast(tmp_path, *SMALL_RUN, "--total_steps", "160", "--xpid", "run")
+    assert first.returncode == 0, first.stderr
+    again = [*SMALL_RUN, "--total_steps", "320", "--xpid", "run", "--optimizer", "adam"]
+    assert_one_error_line(monobeast(tmp_path, *again), "--optimizer rmsprop, not adam")

@@ -198,3 +198,21 @@ def test_main_rejects_smooth_below_one(tmp_path, capsys, smooth):
 
     assert code == 2
     assert "--smooth" in capsys.readouterr().err
+
+
+def test_diagnostics_adds_a_panel_per_learner_diagnostic(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    fields = ["_tick", "_time", "step", "mean_episode_return", *plot.DIAGNOSTICS]
+    rows = [
+        [i, 100.0 + i, 80 * (i + 1), -20 + i / 10, *([0.5] * len(plot.DIAGNOSTICS))]
+        for i in range(30)
+    ]
+    lines = [",".join(map(str, row)) for row in rows]
+    (run / "logs.csv").write_text("# " + ",".join(fields) + "\n" + "\n".join(lines) + "\n")
+    plain, diagnostics = tmp_path / "plain.png", tmp_path / "diagnostics.png"
+    assert plot.main([str(run), "--out", str(plain)]) == 0
+    assert plot.main([str(run), "--out", str(diagnostics), "--diagnostics"]) == 0
+    assert matplotlib.image.imread(plain).shape[:2] == (600, 800)
+    # Return, SPS and six diagnostics: 4 rows of 2 panels.
+    assert matplotlib.image.imread(diagnostics).shape[:2] == (1200, 1600)

@@ -3,8 +3,6 @@ trainer, the mean return and the policy entropy)."""
 
 import pytest
 
-from torchbeast.core.flags import parse_flags
-from torchbeast.runtime.poly.trainer import env_flags, make_learner_parser
 from torchbeast.runtime.training import format_duration, progress_text
 
 
@@ -24,15 +22,3 @@ def test_progress_without_speed_or_at_the_end_gives_no_time_left():
 )
 def test_durations_read_as_a_person_would_say_them(seconds, text):
     assert format_duration(seconds) == text
-
-
-def test_fire_on_life_loss_is_the_default_and_can_be_turned_off():
-    assert parse_flags(["--xpid", "x"]).no_fire_on_life_loss is False
-    assert parse_flags(["--xpid", "x", "--no_fire_on_life_loss"]).no_fire_on_life_loss
-
-
-def test_polybeast_env_processes_get_no_fire_on_life_loss_from_the_learner():
-    parser = make_learner_parser("test")
-    flags = parse_flags(["--xpid", "x", "--no_fire_on_life_loss"], parser)
-    assert env_flags(flags).no_fire_on_life_loss
-    assert not env_flags(parse_flags(["--xpid", "x"], parser)).no_fire_on_life_loss

@@ -40,6 +40,16 @@ def load(path: str, map_location: str | torch.device = "cpu") -> dict:
         raise CheckpointError(f"cannot read checkpoint {path} ({error}); it is damaged") from None
 
 
+def check_optimizer(state: dict, optimizer: str, path: str) -> None:
+    """Refuses to resume with another optimizer: its saved state would not fit."""
+    saved = state.get("flags", {}).get("optimizer", "rmsprop")  # older checkpoints: RMSprop
+    if saved != optimizer:
+        raise CheckpointError(
+            f"checkpoint {path} was trained with --optimizer {saved}, not {optimizer}: "
+            f"pass --optimizer {saved}, or another --xpid"
+        )
+
+
 def check_compatible(state: dict, env_id: str, model_config: dict, path: str) -> None:
     """Refuses a checkpoint trained on another environment or with another model."""
     if "env" not in state or "model_config" not in state:

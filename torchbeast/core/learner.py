@@ -22,6 +22,7 @@ term, the step count and the episode statistics use online columns only.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import threading
 from collections.abc import Callable
@@ -31,6 +32,9 @@ from torch import nn
 
 from torchbeast.core import losses, vtrace
 from torchbeast.core.models import CoreState
+
+# An importance weight counts as clipped when it exceeds V-trace's clip at 1 by 1%.
+CLIP_MARGIN = math.log(1.01)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -92,27 +96,30 @@ def diagnostics(
     learner_outputs: dict[str, torch.Tensor],
     batch: dict[str, torch.Tensor],
     vtrace_returns: vtrace.VTraceFromLogitsReturns,
-    loss_mask: torch.Tensor | None,
-    entropy_mask: torch.Tensor | None,
+    online: torch.Tensor | None,
     real: torch.Tensor,
 ) -> dict[str, float]:
     """What tells a researcher whether a run learns, per update:
 
     - ``policy_entropy``: the learner policy's entropy, nats per step (ln A is uniform);
     - ``policy_kl``: KL(learner policy || behaviour policy), nats per step;
-    - ``clipped_rho_fraction``: steps whose importance weight pi/mu was clipped at 1;
+    - ``clipped_rho_fraction``: steps whose importance weight pi/mu V-trace clipped at 1
+      (by more than 1%, so that float noise does not count);
     - ``explained_variance``: how much of the V-trace targets' variance the baseline
       explains;
     - ``policy_lag``: how many updates old the weights were that chose the actions.
+
+    All over the online steps (``online`` [T, B], or every ``real`` step when None).
     """
     logits = learner_outputs["policy_logits"]  # [T, B, A]
     log_policy = torch.log_softmax(logits, dim=-1)
     entropy = -torch.sum(log_policy.exp() * log_policy, dim=-1)  # [T, B]
     kl = losses.policy_kl(logits, batch["policy_logits"])  # [T, B]
-    clipped = (vtrace_returns.log_rhos > 0).float()  # [T, B]
-    steps = real if loss_mask is None else loss_mask.bool()
+    # Clipped beyond float noise between the actors' and the learner's forward passes.
+    clipped = (vtrace_returns.log_rhos > CLIP_MARGIN).float()  # [T, B]
+    steps = real if online is None else online.bool()  # online steps only, no replay
     stats = {
-        "policy_entropy": _masked_mean(entropy, entropy_mask),
+        "policy_entropy": _masked_mean(entropy, steps),
         "policy_kl": _masked_mean(kl, steps),
         "clipped_rho_fraction": _masked_mean(clipped, steps),
         "explained_variance": explained_variance(
@@ -120,7 +127,7 @@ def diagnostics(
         ),
     }
     if "policy_version" in batch:
-        stats["policy_version"] = _masked_mean(batch["policy_version"], entropy_mask)
+        stats["policy_version"] = _masked_mean(batch["policy_version"], steps)
     return stats
 
 
@@ -172,13 +179,28 @@ class Learner:
             # --epochs passes over the batch, V-trace correcting for the policy moving
             # between them; the statistics describe the first pass.
             first_pass = None
-            for _ in range(self.flags.epochs):
-                terms = self._losses(batch, initial_core_state, num_online)
-                norm = self._apply(terms["total_loss"])
-                if first_pass is None:
-                    first_pass, grad_norm = terms, norm
+            # A later pass that fails must not leave the earlier ones applied.
+            saved = self._snapshot() if self.flags.epochs > 1 else None
+            try:
+                for _ in range(self.flags.epochs):
+                    terms = self._losses(batch, initial_core_state, num_online)
+                    norm = self._apply(terms["total_loss"])
+                    if first_pass is None:
+                        first_pass, grad_norm = terms, norm
+            except NonFiniteLossError:
+                if saved is not None:
+                    self.model.load_state_dict(saved[0])
+                    self.optimizer.load_state_dict(saved[1])
+                raise
             self.scheduler.step()
             return self._finish_update(first_pass, grad_norm)
+
+    def _snapshot(self) -> tuple[dict, dict]:
+        """Copies of the model's and the optimizer's state, to undo a failed update."""
+        return (
+            copy.deepcopy(self.model.state_dict()),
+            copy.deepcopy(self.optimizer.state_dict()),
+        )
 
     def _losses(
         self,
@@ -300,7 +322,6 @@ class Learner:
                 terms["learner_outputs"],
                 batch,
                 terms["vtrace_returns"],
-                terms["loss_mask"],
                 terms["entropy_mask"],
                 terms["real"],
             )

@@ -113,6 +113,7 @@ class Trainer:
             return False
         state = checkpoint.load(self.checkpoint_path, map_location=self.device)
         checkpoint.check_compatible(state, self.flags.env, self.config, self.checkpoint_path)
+        checkpoint.check_optimizer(state, self.flags.optimizer, self.checkpoint_path)
         self.learner.load_state_dict(state)
         return True
 

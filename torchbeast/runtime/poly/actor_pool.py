@@ -149,6 +149,7 @@ class PolyActorPool:
         self.device = next(model.parameters()).device
         inference_model = create_model(config, self.spec.observation_shape, self.spec.num_actions)
         inference_model.load_state_dict(model.state_dict())
+        inference_model.policy_version.copy_(model.policy_version)  # not in state_dict
         self.inference_model = inference_model.to(self.device).train()  # train: sample actions
         self.initial_core_state = tuple(s.cpu() for s in inference_model.initial_state(1))
         self.episodes = EpisodeLog(os.path.join(run_dir, "episodes.csv"))
