@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import math
 import threading
 from collections.abc import Callable
@@ -131,6 +132,26 @@ def diagnostics(
     return stats
 
 
+@dataclasses.dataclass
+class LossTerms:
+    """One pass's losses (scalars with gradient) and the tensors they came from, [T, B]:
+    the batch without its overlap step and the outputs without the bootstrap step."""
+
+    total_loss: torch.Tensor
+    pg_loss: torch.Tensor
+    baseline_loss: torch.Tensor
+    entropy_loss: torch.Tensor
+    batch: dict[str, torch.Tensor]
+    learner_outputs: dict[str, torch.Tensor]
+    vtrace_returns: vtrace.VTraceFromLogitsReturns
+    real: torch.Tensor  # real (not padded) steps
+    online: torch.Tensor  # real steps of online columns
+    loss_mask: torch.Tensor | None  # steps in the policy and baseline losses
+    entropy_mask: torch.Tensor | None  # steps in the entropy loss: online ones
+    trusted_fraction: float
+    num_online: int
+
+
 class Learner:
     """Holds the model, optimizer and scheduler; ``learn`` applies one IMPALA update.
 
@@ -184,7 +205,7 @@ class Learner:
             try:
                 for _ in range(self.flags.epochs):
                     terms = self._losses(batch, initial_core_state, num_online)
-                    norm = self._apply(terms["total_loss"])
+                    norm = self._apply(terms.total_loss)
                     if first_pass is None:
                         first_pass, grad_norm = terms, norm
             except NonFiniteLossError:
@@ -207,7 +228,7 @@ class Learner:
         batch: dict[str, torch.Tensor],
         initial_core_state: CoreState,
         num_online: int | None,
-    ) -> dict:
+    ) -> LossTerms:
         """The V-trace losses of ``batch`` under the current weights, and what they used."""
         flags = self.flags
         learner_outputs, _ = self.model(batch, initial_core_state)
@@ -262,7 +283,7 @@ class Learner:
         entropy_loss = flags.entropy_cost * losses.entropy_loss(
             learner_outputs["policy_logits"], mask=entropy_mask
         )
-        return dict(
+        return LossTerms(
             total_loss=pg_loss + baseline_loss + entropy_loss,
             pg_loss=pg_loss,
             baseline_loss=baseline_loss,
@@ -294,9 +315,9 @@ class Learner:
         self.optimizer.step()
         return norm
 
-    def _finish_update(self, terms: dict, grad_norm: float) -> dict[str, float]:
+    def _finish_update(self, terms: LossTerms, grad_norm: float) -> dict[str, float]:
         """Counts the update, publishes the weights and returns the update's statistics."""
-        batch, online = terms["batch"], terms["online"]
+        batch, online = terms.batch, terms.online
         self.step += int(online.sum())
         updates_before = self.updates
         self.updates += 1
@@ -308,22 +329,22 @@ class Learner:
         episode_returns = batch["episode_return"][ended]
         stats = {
             "step": self.step,
-            "total_loss": float(terms["total_loss"].detach()),
+            "total_loss": float(terms.total_loss.detach()),
             "mean_episode_return": mean_or_nan(episode_returns),
-            "pg_loss": float(terms["pg_loss"].detach()),
-            "baseline_loss": float(terms["baseline_loss"].detach()),
-            "entropy_loss": float(terms["entropy_loss"].detach()),
+            "pg_loss": float(terms.pg_loss.detach()),
+            "baseline_loss": float(terms.baseline_loss.detach()),
+            "entropy_loss": float(terms.entropy_loss.detach()),
             "episodes": int(episode_returns.numel()),
             "learning_rate": self.scheduler.get_last_lr()[0],
             "grad_norm": grad_norm,
         }
         stats.update(
             diagnostics(
-                terms["learner_outputs"],
+                terms.learner_outputs,
                 batch,
-                terms["vtrace_returns"],
-                terms["entropy_mask"],
-                terms["real"],
+                terms.vtrace_returns,
+                terms.entropy_mask,
+                terms.real,
             )
         )
         if "policy_version" in stats:
@@ -332,8 +353,8 @@ class Learner:
             stats["mean_episode_true_return"] = mean_or_nan(batch["episode_true_return"][ended])
             stats["mean_episode_true_move"] = mean_or_nan(batch["episode_true_move"][ended])
         if self.flags.replay_size > 0:
-            stats["replayed_columns"] = batch["reward"].shape[1] - terms["num_online"]
-            stats["trusted_fraction"] = terms["trusted_fraction"]
+            stats["replayed_columns"] = batch["reward"].shape[1] - terms.num_online
+            stats["trusted_fraction"] = terms.trusted_fraction
         return stats
 
     def state_dict(self) -> dict:
