@@ -286,3 +286,31 @@ def test_mlp_model_runs_on_minatar_frames():
     batch["frame"] = torch.rand(2, 5, 10, 10, 4) > 0.5  # MinAtar frames are boolean
     outputs, _ = model(batch, ())
     assert outputs["policy_logits"].shape == (2, 5, 3)
+
+
+def test_orthogonal_init_keeps_frame_features_at_scale():
+    # PyTorch's default init shrinks AtariNet's features about 36-fold; orthogonal weights
+    # with gain sqrt(2) keep them near the input's scale, so the heads see the frame.
+    torch.manual_seed(0)
+    config = model_config(flags(), ATARI_SHAPE)
+    frames = torch.randint(0, 256, (8, *ATARI_SHAPE), dtype=torch.uint8).float() / 255
+    default = create_model(config, ATARI_SHAPE, 6).torso(frames)
+    orthogonal = create_model(config, ATARI_SHAPE, 6, weight_init="orthogonal").torso(frames)
+    assert orthogonal.std() > 10 * default.std()
+
+
+def test_orthogonal_init_starts_near_uniform_with_zero_biases():
+    torch.manual_seed(0)
+    model = create_model(model_config(flags(), ATARI_SHAPE), ATARI_SHAPE, 6, "orthogonal")
+    weight = model.torso.fc[0].weight.detach()  # [512, 3136]: orthonormal rows times sqrt(2)
+    assert torch.allclose(weight @ weight.T, 2 * torch.eye(512), atol=1e-4)
+    for layer in (model.torso.convs[0], model.torso.fc[0], model.policy, model.baseline):
+        assert torch.count_nonzero(layer.bias) == 0
+    outputs, _ = model(inputs(2, 4, ATARI_SHAPE, 6))
+    probabilities = F.softmax(outputs["policy_logits"], dim=-1)
+    assert torch.allclose(probabilities, torch.full_like(probabilities, 1 / 6), atol=0.01)
+
+
+def test_weight_init_flag_reaches_the_learners_model():
+    assert flags().weight_init == "pytorch"
+    assert flags("--weight_init", "orthogonal").weight_init == "orthogonal"

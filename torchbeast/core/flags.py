@@ -151,6 +151,14 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
         help="(new) Fully connected layers in the torso (default: 1 for conv nets, 2 for MLP).",
     )
 
+    add(
+        "--weight_init",
+        default="pytorch",
+        choices=["orthogonal", "pytorch"],
+        help="(new) How a new model's weights start: orthogonal (as PPO implementations) "
+        "or PyTorch's default (the original's).",
+    )
+
     # LASER shared experience replay (Schmitt, Hessel, Simonyan 2019).
     add(
         "--replay_size",

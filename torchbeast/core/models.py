@@ -19,6 +19,7 @@ mode and greedy (argmax) in eval mode.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 
 import torch
@@ -193,11 +194,38 @@ def model_config(flags: argparse.Namespace, observation_shape: Sequence[int]) ->
 
 
 TORSOS = {"atari": AtariTorso, "resnet": ResNetTorso, "mlp": MLPTorso}
+WEIGHT_INITS = ("orthogonal", "pytorch")
 
 
-def create_model(config: dict, observation_shape: Sequence[int], num_actions: int) -> Agent:
+def orthogonal_init(model: Agent) -> None:
+    """Orthogonal weights and zero biases, as PPO implementations start: gain sqrt(2) in the
+    torso's ReLU layers, so that a frame's features keep their scale through the layers
+    (PyTorch's default shrinks them about 36-fold through AtariNet, leaving the heads to
+    see little but the last action), 0.01 for the policy head (a near-uniform first
+    policy) and 1 for the baseline. The LSTM keeps PyTorch's initialisation."""
+    layers = [m for m in model.torso.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    gains = [(layer, math.sqrt(2)) for layer in layers]
+    gains += [(model.policy, 0.01), (model.baseline, 1.0)]
+    with torch.no_grad():
+        for layer, gain in gains:
+            nn.init.orthogonal_(layer.weight, gain)
+            nn.init.zeros_(layer.bias)
+
+
+def create_model(
+    config: dict,
+    observation_shape: Sequence[int],
+    num_actions: int,
+    weight_init: str = "pytorch",
+) -> Agent:
+    """The agent of ``config``; ``weight_init`` (see WEIGHT_INITS) matters only for a model
+    that is trained from scratch, since every other copy loads its weights."""
     torso = TORSOS[config["kind"]](observation_shape, config["hidden_size"], config["num_layers"])
     model = Agent(torso, num_actions, use_lstm=config["use_lstm"])
+    if weight_init == "orthogonal":
+        orthogonal_init(model)
+    elif weight_init != "pytorch":
+        raise ValueError(f"unknown weight init {weight_init!r}: use one of {WEIGHT_INITS}")
     if config["kind"] != "mlp":
         model = model.to(memory_format=torch.channels_last)  # faster convolutions on CPU
     return model

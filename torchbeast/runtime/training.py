@@ -75,7 +75,10 @@ class Trainer:
         if flags.seed is not None:
             torch.manual_seed(flags.seed)
         model = create_model(
-            self.config, self.env_spec.observation_shape, self.env_spec.num_actions
+            self.config,
+            self.env_spec.observation_shape,
+            self.env_spec.num_actions,
+            weight_init=flags.weight_init,
         )
         self.proxy = riverraid.proxy_from_flags(flags)
         self.learner = Learner(
