@@ -24,7 +24,7 @@ def refusal(capsys, *argv: str) -> str:
     return capsys.readouterr().err
 
 
-# The original monobeast flags keep their defaults.
+# The original monobeast flags keep their defaults, but for the learning recipe's.
 
 
 @pytest.mark.parametrize(
@@ -32,27 +32,76 @@ def refusal(capsys, *argv: str) -> str:
     [
         ("env", "PongNoFrameskip-v4"),
         ("mode", "train"),
-        ("num_actors", 4),
-        ("total_steps", 100000),
-        ("batch_size", 8),
-        ("unroll_length", 80),
         ("num_learner_threads", 2),
         ("disable_cuda", False),
         ("disable_checkpoint", False),
         ("use_lstm", False),
-        ("entropy_cost", 0.0006),
         ("baseline_cost", 0.5),
         ("discounting", 0.99),
         ("reward_clipping", "abs_one"),
-        ("learning_rate", 0.00048),
         ("alpha", 0.99),
         ("momentum", 0),
-        ("epsilon", 0.01),
         ("grad_norm_clipping", 40),
     ],
 )
 def test_original_flag_has_the_original_default(name, default):
     assert getattr(parse(), name) == default
+
+
+# The recipe that learns Pong on 2 cores (README: "Does it learn?") replaced these.
+
+
+@pytest.mark.parametrize(
+    "name, default",
+    [
+        ("total_steps", 5_000_000),
+        ("batch_size", 16),
+        ("unroll_length", 5),
+        ("entropy_cost", 0.001),
+        ("learning_rate", 0.0007),
+        ("epsilon", 1e-5),
+        ("weight_init", "orthogonal"),
+    ],
+)
+def test_recipe_flag_has_the_recipe_default(name, default):
+    assert getattr(parse(), name) == default
+
+
+def test_every_changed_default_is_listed_with_the_originals_value():
+    # Only the listed flags (and num_buffers, derived from them) differ from the original.
+    recipe, original = vars(parse("--xpid", "x")), vars(parse("--xpid", "x", *original_argv()))
+    changed = {name for name in recipe if recipe[name] != original[name]}
+    assert changed == set(flags.ORIGINAL_DEFAULTS) | {"num_buffers"}
+
+
+def original_argv() -> list[str]:
+    return [f"--{name}={value}" for name, value in flags.ORIGINAL_DEFAULTS.items()]
+
+
+def test_the_original_values_restore_the_original_defaults():
+    restored = parse(*original_argv())
+    assert {
+        name: getattr(restored, name) for name in flags.ORIGINAL_DEFAULTS
+    } == flags.ORIGINAL_DEFAULTS
+    assert restored.num_buffers == 8  # the original's max(2 * 4 actors, batch size 8)
+
+
+def test_default_layout_is_16_envs_over_the_cores(monkeypatch):
+    for cores, layout in [(1, (1, 16)), (2, (2, 8)), (3, (2, 8)), (4, (4, 4)), (64, (16, 1))]:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        parsed = parse()
+        assert (parsed.num_actors, parsed.envs_per_actor) == layout
+
+
+def test_num_actors_alone_keeps_one_env_per_actor_as_the_original():
+    parsed = parse("--num_actors", "45")
+    assert (parsed.num_actors, parsed.envs_per_actor) == (45, 1)
+
+
+def test_envs_per_actor_alone_takes_the_layouts_actor_count(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    parsed = parse("--envs_per_actor", "3")
+    assert (parsed.num_actors, parsed.envs_per_actor) == (2, 3)
 
 
 def test_mode_accepts_train_test_test_render_and_eval():
@@ -96,8 +145,9 @@ def test_num_buffers_defaults_to_batch_size_when_that_is_larger():
     assert parse("--num_actors", "3", "--batch_size", "8").num_buffers == 8
 
 
-def test_num_buffers_default_with_the_default_flags_is_eight():
-    assert parse().num_buffers == max(2 * 4, 8)
+def test_num_buffers_default_with_the_default_flags_is_twice_the_envs(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    assert parse().num_buffers == 2 * 16
 
 
 def test_num_buffers_given_is_kept():
@@ -125,7 +175,6 @@ def test_switch_flag_sets_true(name):
         ("use_resnet", False),
         ("hidden_size", None),
         ("num_layers", None),
-        ("envs_per_actor", 1),
     ],
 )
 def test_new_flag_default(name, default):
@@ -170,7 +219,10 @@ def test_original_readme_monobeast_command_line_parses():
     )
     assert vars(parsed) == vars(parse()) | {
         "num_actors": 45,
+        "envs_per_actor": 1,  # naming --num_actors alone keeps the original's layout
         "total_steps": 30000000,
+        "epsilon": 0.01,
+        "unroll_length": 80,
         "learning_rate": 0.0004,
         "entropy_cost": 0.01,
         "batch_size": 4,
@@ -219,13 +271,14 @@ def test_impossible_value_is_refused_naming_the_flag(capsys, argv, named):
 
 
 def test_too_few_buffers_for_the_batch_are_refused_with_the_fix(capsys):
-    message = refusal(capsys, "--num_buffers", "3", "--batch_size", "8")
+    message = refusal(capsys, "--num_actors", "4", "--num_buffers", "3", "--batch_size", "8")
     assert "--num_buffers 3" in message
     assert "use --num_buffers 8 or more" in message
 
 
 def test_buffers_equal_to_the_batch_size_are_enough():
-    assert parse("--num_buffers", "8", "--batch_size", "8").num_buffers == 8
+    parsed = parse("--num_actors", "4", "--num_buffers", "8", "--batch_size", "8")
+    assert parsed.num_buffers == 8
 
 
 def test_too_few_buffers_for_several_envs_per_actor_are_refused(capsys):

@@ -17,6 +17,24 @@ import time
 
 MODES = ("train", "test", "test_render", "eval")
 
+# The default layout: this many environments in all, spread over the actors.
+DEFAULT_ENVS = 16
+
+# Defaults that differ from the original MonoBeast's, which never learned Pong on a small
+# machine (upstream issues #24, #39); the README lists them, and giving these flags
+# restores the original's behaviour.
+ORIGINAL_DEFAULTS = {
+    "num_actors": 4,
+    "envs_per_actor": 1,
+    "total_steps": 100000,
+    "batch_size": 8,
+    "unroll_length": 80,
+    "entropy_cost": 0.0006,
+    "learning_rate": 0.00048,
+    "epsilon": 0.01,
+    "weight_init": "pytorch",
+}
+
 
 def positive_int(text: str) -> int:
     value = int(text)
@@ -86,23 +104,32 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
         default="~/logs/torchbeast",
         help="Root dir where experiment data will be saved.",
     )
-    add("--num_actors", default=4, type=positive_int, metavar="N", help="Number of actors.")
     add(
-        "--envs_per_actor",
-        default=1,
+        "--num_actors",
+        default=None,
         type=positive_int,
         metavar="N",
-        help="(new) Environments each actor steps, with one batched forward pass for all.",
+        help="Number of actors (default: the machine's layout, see --envs_per_actor).",
+    )
+    add(
+        "--envs_per_actor",
+        default=None,
+        type=positive_int,
+        metavar="N",
+        help="(new) Environments each actor steps, with one batched forward pass for all "
+        f"(default: {DEFAULT_ENVS} environments in all, over as many actors as the machine "
+        "has cores, up to 16 and rounded down to a power of 2: 2 x 8 on 2 cores; "
+        "1 if only --num_actors is given, as in the original).",
     )
     add(
         "--total_steps",
-        default=100000,
+        default=5_000_000,
         type=positive_int,
         metavar="T",
         help="Total environment steps to train for.",
     )
-    add("--batch_size", default=8, type=positive_int, metavar="B", help="Learner batch size.")
-    add("--unroll_length", default=80, type=positive_int, metavar="T", help="The unroll length.")
+    add("--batch_size", default=16, type=positive_int, metavar="B", help="Learner batch size.")
+    add("--unroll_length", default=5, type=positive_int, metavar="T", help="The unroll length.")
     add(
         "--num_buffers",
         default=None,
@@ -153,7 +180,7 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
 
     add(
         "--weight_init",
-        default="pytorch",
+        default="orthogonal",
         choices=["orthogonal", "pytorch"],
         help="(new) How a new model's weights start: orthogonal (as PPO implementations) "
         "or PyTorch's default (the original's).",
@@ -203,7 +230,7 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
     add_env_side_flags(parser)
 
     # Loss settings.
-    add("--entropy_cost", default=0.0006, type=nonnegative_float, help="Entropy cost/multiplier.")
+    add("--entropy_cost", default=0.001, type=nonnegative_float, help="Entropy cost/multiplier.")
     add("--baseline_cost", default=0.5, type=nonnegative_float, help="Baseline cost/multiplier.")
     add("--discounting", default=0.99, type=unit_float, help="Discounting factor.")
     add(
@@ -226,9 +253,7 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
     )
 
     # Optimizer settings.
-    add(
-        "--learning_rate", default=0.00048, type=positive_float, metavar="LR", help="Learning rate."
-    )
+    add("--learning_rate", default=0.0007, type=positive_float, metavar="LR", help="Learning rate.")
     add(
         "--optimizer",
         default="rmsprop",
@@ -237,7 +262,7 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
     )
     add("--alpha", default=0.99, type=unit_float, help="RMSProp smoothing constant.")
     add("--momentum", default=0, type=nonnegative_float, help="RMSProp momentum.")
-    add("--epsilon", default=0.01, type=positive_float, help="RMSProp epsilon.")
+    add("--epsilon", default=1e-5, type=positive_float, help="RMSProp epsilon.")
     add("--adam_epsilon", default=1e-8, type=positive_float, help="(new) Adam epsilon.")
     add(
         "--grad_norm_clipping",
@@ -304,8 +329,27 @@ def min_num_buffers(flags: argparse.Namespace) -> int:
     return flags.batch_size + flags.num_actors * (flags.envs_per_actor - 1)
 
 
+def default_num_actors() -> int:
+    """As many actors as cores, up to 16, rounded down to a power of 2 (a divisor of 16)."""
+    cores = min(len(os.sched_getaffinity(0)), DEFAULT_ENVS)
+    return 1 << (cores.bit_length() - 1)
+
+
+def resolve_layout(flags: argparse.Namespace) -> None:
+    """Fills --num_actors and --envs_per_actor: the machine's layout of DEFAULT_ENVS
+    environments when neither is given, one env per actor (the original's) when only
+    --num_actors is."""
+    if flags.num_actors is None:
+        flags.num_actors = default_num_actors()
+        if flags.envs_per_actor is None:
+            flags.envs_per_actor = DEFAULT_ENVS // flags.num_actors
+    if flags.envs_per_actor is None:
+        flags.envs_per_actor = 1
+
+
 def finish_flags(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Fills derived defaults and refuses values no run could use."""
+    resolve_layout(flags)
     flags.savedir = os.path.expanduser(os.path.expandvars(flags.savedir))
     if flags.xpid is None:
         flags.xpid = "torchbeast-" + time.strftime("%Y%m%d-%H%M%S")
