@@ -1,5 +1,6 @@
 """Specification of the agent networks: shapes, sizes, the LSTM reset, acting, config."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -311,6 +312,17 @@ def test_orthogonal_init_starts_near_uniform_with_zero_biases():
     assert torch.allclose(probabilities, torch.full_like(probabilities, 1 / 6), atol=0.01)
 
 
-def test_weight_init_flag_reaches_the_learners_model():
-    assert flags().weight_init == "pytorch"
-    assert flags("--weight_init", "orthogonal").weight_init == "orthogonal"
+@pytest.mark.parametrize("weight_init, orthogonal", [("orthogonal", True), ("pytorch", False)])
+def test_the_learners_model_starts_from_the_weight_init_flag(tmp_path, weight_init, orthogonal):
+    from torchbeast.core.spec import EnvSpec
+    from torchbeast.runtime.training import Trainer
+
+    spec = EnvSpec("PongNoFrameskip-v4", ATARI_SHAPE, np.dtype(np.uint8), 6)
+    trainer = Trainer(flags("--savedir", str(tmp_path), "--weight_init", weight_init), spec)
+    weight = trainer.learner.model.torso.fc[0].weight.detach()  # [512, 3136]
+    is_orthogonal = torch.allclose(weight @ weight.T, 2 * torch.eye(512), atol=1e-4)
+    assert is_orthogonal == orthogonal
+
+
+def test_orthogonal_is_the_default_weight_init():
+    assert flags().weight_init == "orthogonal"

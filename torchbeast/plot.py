@@ -183,8 +183,12 @@ def plot_runs(
     ax_return.set_ylabel(f"mean episode return{smoothing}")
     ax_sps.set_ylabel("steps per second")
     if diagnostics:
-        for ax, name in zip(axes[2:], DIAGNOSTICS.values(), strict=False):
+        for ax, (column, name) in zip(axes[2:], DIAGNOSTICS.items(), strict=False):
             ax.set_ylabel(name)
+            if column == "explained_variance":
+                # Below -1 is just "worse than a constant"; an early spike there would
+                # flatten the range that matters, 0 to 1.
+                ax.set_ylim(bottom=max(ax.get_ylim()[0], -1.0))
     for ax in axes[panels:]:
         ax.set_visible(False)
     for ax in axes[:panels]:
