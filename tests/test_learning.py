@@ -120,3 +120,24 @@ def test_polybeast_learns_pixel_cue(tmp_path):
 
 def test_raybeast_learns_pixel_cue(tmp_path):
     check_learned(run("torchbeast.raybeast", tmp_path, "--xpid", "run"))
+
+
+def test_last_logged_step_reads_the_last_whole_row(tmp_path):
+    logs = tmp_path / "logs.csv"
+    assert learncheck.last_logged_step(str(logs)) == 0  # not written yet
+    logs.write_text("# _tick,step,total_loss\n0,80,1.5\n1,160,1.2\n2,24")  # last row half written
+    assert learncheck.last_logged_step(str(logs)) == 160
+    logs.write_text("# _tick,step,total_loss\n0,80,1.5\n1,160,1.2\n")
+    assert learncheck.last_logged_step(str(logs)) == 160
+
+
+def test_a_check_stops_its_run_at_its_budget_with_the_default_schedule(tmp_path):
+    # The defaults train for 5M steps; the check stops the run (SIGTERM: checkpoint, exit 0)
+    # soon after its 3K steps, before the learning rate has decayed noticeably.
+    check = learncheck.Check("CartPole-v1", 3_000, 0.0, ("--disable_cuda",), "")
+    returncode, _ = learncheck.train(check, str(tmp_path), "run")
+    assert returncode == 0
+    logs = read_logs(tmp_path / "run")
+    assert 3_000 <= logs["step"][-1] < 100_000
+    assert logs["learning_rate"][-1] > 0.99 * 0.0007
+    assert (tmp_path / "run" / "model.tar").exists()
