@@ -28,7 +28,7 @@ test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
 
 # Learning checks: short runs (PixelCue, CartPole, MinAtar Breakout) each printed against
-# its band, about 5 minutes on 2 cores; ARGS=pong-early runs Pong's early signal (15 min).
+# its band, 5-8 minutes on 2 cores; ARGS=pong-early runs Pong's early signal (~20 min).
 learn: $(STAMP)
 	$(PY) -m torchbeast.learncheck $(ARGS)
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m torchbeast.learncheck                 # the default checks, about 5 min on 2 cores
+    python -m torchbeast.learncheck                 # the default checks, 5-8 min on 2 cores
     python -m torchbeast.learncheck pixelcue cartpole pong-early
 
 Each check trains with the default flags (PixelCue with flags of its own) and a fixed
@@ -11,7 +11,7 @@ rate keeps the default schedule, over ``--total_steps``), then compares the mean
 the last 100 episodes (from the run's ``logs.csv``) against its band, and prints one line
 per check. The exit code is 0 only if every check passed. Each run replaces the previous one
 in ``--savedir`` (``learncheck-NAME``) and stays there for ``python -m torchbeast.plot
---diagnostics``. ``pong-early`` (15 minutes) runs only when named.
+--diagnostics``. ``pong-early`` (~20 minutes) runs only when named.
 """
 
 from __future__ import annotations
