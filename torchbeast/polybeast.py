@@ -9,11 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from torchbeast.cli import run
-from torchbeast.runtime.poly import env_side, trainer
+# Imported in the functions, not here: each env process is spawned, which re-imports this
+# module before the process can guard itself against outliving this one
+# (processes.guarded_main); torch would make that window seconds long.
 
 
 def train(flags: argparse.Namespace) -> dict:
+    from torchbeast.runtime.poly import env_side, trainer
+
     processes = env_side.start_processes(trainer.env_flags(flags))
     try:
         return trainer.train(flags, processes)
@@ -22,6 +25,9 @@ def train(flags: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from torchbeast.cli import run
+    from torchbeast.runtime.poly import trainer
+
     parser = trainer.make_learner_parser("PolyBeast: env servers and learner in one command.")
     parser.set_defaults(env="PongNoFrameskip-v4")
     return run(parser, argv, train=train)

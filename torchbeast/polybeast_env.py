@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import sys
 
-from torchbeast.envs import EnvError
-from torchbeast.runtime.poly.env_side import run_processes
-from torchbeast.runtime.poly.trainer import make_env_parser
-
 
 def main(argv: list[str] | None = None) -> int:
+    # Imported here: each env process is spawned, which re-imports this module before
+    # the process can guard itself against outliving this one (processes.guarded_main).
+    from torchbeast.envs import EnvError
+    from torchbeast.runtime.poly.env_flags import make_env_parser
+    from torchbeast.runtime.poly.env_side import run_processes
+
     flags = make_env_parser().parse_args(argv)
     try:
         return run_processes(flags)

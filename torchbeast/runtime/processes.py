@@ -1,8 +1,11 @@
-"""Small helpers for processes the program starts (kept free of torch imports)."""
+"""Small helpers for processes the program starts (standard library only: a spawned
+child imports this module before it can guard itself, see :func:`guarded_main`)."""
 
 from __future__ import annotations
 
 import ctypes
+import importlib
+import os
 import signal
 
 
@@ -13,3 +16,19 @@ def die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def guarded_main(parent_pid: int, target: str, *args: object) -> None:
+    """A spawned child's entry: it dies with ``parent_pid``, then runs ``target(*args)``.
+
+    ``target`` is "module:function", imported only once the guard is in place: a parent
+    killed while its children import their modules must not leave them running. Spawn
+    has unpickled ``args`` and re-imported the parent's ``__main__`` before this runs, so
+    ``args`` are plain data and entry points keep their top-level imports light.
+    """
+    die_with_parent()
+    if os.getppid() != parent_pid:
+        # The parent died before the guard was set, and nobody will stop this process.
+        raise SystemExit(1)
+    module, _, function = target.partition(":")
+    getattr(importlib.import_module(module), function)(*args)

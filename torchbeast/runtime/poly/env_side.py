@@ -31,7 +31,7 @@ from torchbeast.envs import riverraid
 from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
-from torchbeast.runtime.processes import die_with_parent
+from torchbeast.runtime.processes import guarded_main
 
 log = logging.getLogger("torchbeast")
 
@@ -223,8 +223,8 @@ def server_addresses(flags: argparse.Namespace) -> list[str]:
     return [f"{flags.pipes_basename}.{i}" for i in range(flags.num_servers)]
 
 
-def _process_main(flags: argparse.Namespace, index: int) -> None:
-    die_with_parent()
+def process_main(flags: argparse.Namespace, index: int) -> None:
+    """One env process: started by :func:`start_processes`, through ``guarded_main``."""
     logging.basicConfig(
         format="[%(levelname)s:%(process)d %(asctime)s] %(message)s", level=logging.INFO
     )
@@ -242,8 +242,11 @@ def start_processes(flags: argparse.Namespace) -> list[mp.process.BaseProcess]:
     envs.env_spec(flags)  # a bad --env is one error line here, not one per process
     context = mp.get_context("spawn")
     count = flags.num_servers if flags.connect else len(server_addresses(flags))
+    entry = f"{__name__}:process_main"  # imported by the child once it dies with this one
     processes = [
-        context.Process(target=_process_main, args=(flags, i), name=f"env-{i}", daemon=True)
+        context.Process(
+            target=guarded_main, args=(os.getpid(), entry, flags, i), name=f"env-{i}", daemon=True
+        )
         for i in range(count)
     ]
     for process in processes:

@@ -1,0 +1,180 @@
+"""PolyBeast's env processes die with the process that started them and never import torch.
+
+Real processes, real signals: an entry point is started with a marker in its environment,
+which every process it starts inherits (also once they are orphans, reparented to PID 1),
+then killed with SIGKILL while its env processes start; none of them may be left running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.test_polybeast import ENV, LEARNER, REPO, wait_for
+
+MARKER = "TORCHBEAST_TEST_PROCESS_TREE"
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Live processes whose environment carries ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # gone, or not ours
+        if f"{MARKER}={marker}".encode() in environ and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return "(gone)"
+
+
+def env_processes(marker: str) -> list[int]:
+    """The processes multiprocessing's spawn started (not the entry point, not its
+    resource tracker)."""
+    return [pid for pid in marked_processes(marker) if "spawn_main" in command_line(pid)]
+
+
+def wait_for_env_processes(marker: str, count: int, timeout: float = 60) -> None:
+    """Returns as soon as ``count`` env processes exist: they are still starting up then."""
+    deadline = time.monotonic() + timeout
+    while len(env_processes(marker)) < count:
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the env processes to start")
+        time.sleep(0.005)
+
+
+def survivors(marker: str, timeout: float = 10) -> list[str]:
+    """What is still running ``timeout`` seconds from now (or nothing, as soon as it is so)."""
+    deadline = time.monotonic() + timeout
+    while (pids := marked_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [f"{pid}: {command_line(pid)}" for pid in pids]
+
+
+def sigkill(process: subprocess.Popen) -> None:
+    """SIGKILL for the entry point alone, not its process group: no chance to clean up."""
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@pytest.fixture
+def start_marked(tmp_path):
+    """Starts a module with a fresh marker in its own process group; at the end, kills
+    what is left of the group (orphans keep their dead parent's group)."""
+    started: list[subprocess.Popen] = []
+
+    def start(module: str, *args: str) -> tuple[subprocess.Popen, str]:
+        marker = uuid.uuid4().hex
+        with open(tmp_path / f"{module}.log", "w") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", module, *args],
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, MARKER: marker},
+            )
+        started.append(process)
+        return process, marker
+
+    yield start
+    for process in started:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+
+def polybeast_env_args(mode: str, sockets: str) -> list[str]:
+    if mode == "connect":  # nothing listens there: the clients would redial forever
+        return [*ENV, "--connect", f"unix:{sockets}/learner", "--num_servers", "2"]
+    return [*ENV, "--pipes_basename", f"unix:{sockets}/env", "--num_servers", "2"]
+
+
+# Killed 0 or 0.1 s after its env processes started, the parent may die before they can
+# ask to die with it; 0.5 s later they are importing their modules.
+@pytest.mark.parametrize(
+    ("mode", "after_s"), [("connect", 0.0), ("connect", 0.1), ("connect", 0.5), ("serve", 0.5)]
+)
+def test_env_processes_die_when_polybeast_env_is_killed_while_they_start(
+    start_marked, sockets, mode, after_s
+):
+    process, marker = start_marked("torchbeast.polybeast_env", *polybeast_env_args(mode, sockets))
+    wait_for_env_processes(marker, 2)
+    time.sleep(after_s)
+    sigkill(process)
+    assert survivors(marker) == []
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.5, 1.0])
+def test_env_processes_die_when_polybeast_env_is_killed_in_its_first_second(
+    start_marked, sockets, delay_s
+):
+    process, marker = start_marked(
+        "torchbeast.polybeast_env", *polybeast_env_args("connect", sockets)
+    )
+    time.sleep(delay_s)
+    sigkill(process)
+    assert survivors(marker) == []
+
+
+def test_env_processes_die_when_polybeast_is_killed_while_they_start(
+    start_marked, sockets, tmp_path
+):
+    process, marker = start_marked(
+        "torchbeast.polybeast", *LEARNER, "--num_servers", "2",
+        "--pipes_basename", f"unix:{sockets}/env", "--savedir", str(tmp_path),
+    )  # fmt: skip
+    wait_for_env_processes(marker, 2)
+    time.sleep(0.5)
+    sigkill(process)
+    assert survivors(marker) == []
+
+
+@pytest.mark.parametrize(
+    "module", ["torchbeast.polybeast_env", "torchbeast.polybeast", "torchbeast.runtime.processes"]
+)
+def test_what_a_spawned_env_process_imports_first_imports_no_torch(module):
+    # Spawn re-imports the entry point (__main__), then imports guarded_main's module.
+    code = f"import sys, {module}; print([m for m in sys.modules if m.split('.')[0] == 'torch'])"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_running_env_processes_have_no_torch_loaded(start_marked, sockets, tmp_path):
+    process, marker = start_marked(
+        "torchbeast.polybeast_env", *polybeast_env_args("connect", sockets)
+    )
+    log = tmp_path / "torchbeast.polybeast_env.log"
+    # A client says so once its environment exists and its first dial failed.
+    wait_for(lambda: log.read_text().count("retrying") == 2, 60, "both clients to dial")
+    pids = marked_processes(marker)
+    assert len(env_processes(marker)) == 2
+    for pid in pids:
+        with open(f"/proc/{pid}/maps") as f:
+            torch_files = {line.split()[-1] for line in f if "/torch/" in line}
+        assert torch_files == set(), f"{command_line(pid)} has torch loaded"
+    assert process.poll() is None
