@@ -2,6 +2,7 @@
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,6 +11,7 @@ from torchbeast.core.checkpoint import CheckpointError
 from torchbeast.core.flags import parse_flags
 from torchbeast.core.learner import Learner
 from torchbeast.core.models import create_model, model_config
+from torchbeast.core.spec import EnvSpec
 
 OBSERVATION_SHAPE = (4,)
 
@@ -85,12 +87,44 @@ def test_load_of_a_truncated_checkpoint_says_it_is_damaged(tmp_path):
         checkpoint.load(str(path))
 
 
-def test_load_refuses_pickled_code(tmp_path):
+class RunsCode:
+    """Unpickling this would create ``path``: what a malicious checkpoint does."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_load_refuses_pickled_code_with_one_line_that_does_not_advise_unsafe_loading(tmp_path):
     # weights_only: a checkpoint from elsewhere cannot run code when loaded.
-    path = tmp_path / "model.tar"
-    torch.save(dict(step=1, payload=os.getcwd), str(path))
-    with pytest.raises(CheckpointError, match="damaged"):
+    path, marker = tmp_path / "model.tar", tmp_path / "code-ran"
+    torch.save(dict(step=1, payload=RunsCode(str(marker))), str(path))
+    with pytest.raises(CheckpointError) as error:
         checkpoint.load(str(path))
+    message = str(error.value)
+    assert not marker.exists()
+    assert "\n" not in message
+    assert "is not a torchbeast checkpoint" in message
+    assert "do not load it with weights_only=False" in message
+    assert "trust" not in message  # torch's own advice, which would run the code
+
+
+def test_check_spec_refuses_a_checkpoint_of_another_observation_or_action_count():
+    cartpole = EnvSpec("CartPole-v1", (4,), np.dtype("float32"), 2)
+    state = {"env_spec": checkpoint.spec_state(cartpole)}
+    checkpoint.check_spec(state, cartpole, "model.tar")
+    checkpoint.check_spec({}, cartpole, "model.tar")  # older checkpoints: nothing to check
+    with pytest.raises(CheckpointError) as error:
+        checkpoint.check_spec(state, EnvSpec("CartPole-v1", (4,), np.dtype("float32"), 3), "m")
+    assert "trained on CartPole-v1 (float32 [4], 2 actions)" in str(error.value)
+    assert "now is CartPole-v1 (float32 [4], 3 actions)" in str(error.value)
+
+
+def test_saved_spec_reads_back_what_spec_state_wrote():
+    pong = EnvSpec("PongNoFrameskip-v4", (4, 84, 84), np.dtype("uint8"), 6)
+    assert checkpoint.saved_spec({"env_spec": checkpoint.spec_state(pong)}) == pong
 
 
 # A checkpoint is only used for the env and model it was trained with.

@@ -166,6 +166,12 @@ def test_training_again_resumes_from_the_checkpoint(tmp_path):
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert len(meta["dates_resumed"]) == 1 and meta["date_start"] < meta["dates_resumed"][0]
 
+    # The same xpid with another environment: one line, and the checkpoint is kept.
+    saved = (tmp_path / "run" / "model.tar").read_bytes()
+    other = monobeast(tmp_path, *SMALL_RUN, "--env", "Acrobot-v1", "--xpid", "run")
+    assert_one_error_line(other, "trained on CartPole-v1, not Acrobot-v1", "--env CartPole-v1")
+    assert (tmp_path / "run" / "model.tar").read_bytes() == saved
+
 
 def test_test_mode_plays_whole_episodes_greedily(tmp_path):
     trained = monobeast(tmp_path, *SMALL_RUN, "--total_steps", "2000", "--xpid", "run")

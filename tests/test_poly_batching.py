@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from torchbeast.runtime.poly.batching import Closed, DynamicBatcher, RolloutQueue
+from torchbeast.runtime.poly.batching import Closed, DynamicBatcher, Failed, RolloutQueue
 
 
 def run_threads(target, count: int) -> None:
@@ -79,6 +79,24 @@ def test_an_error_in_a_batch_reaches_every_caller_of_that_batch():
     run_threads(caller, 10)
     batcher.close()
     assert len(errors) == 10
+
+
+def test_a_failed_result_fails_only_its_own_caller():
+    def compute(payloads):
+        return [Failed(ValueError(f"bad {p}")) if p % 3 == 0 else p * 10 for p in payloads]
+
+    batcher = DynamicBatcher(compute, max_batch_size=64, timeout_s=0.05)
+    outcomes: dict[int, object] = {}
+
+    def caller(i):
+        try:
+            outcomes[i] = batcher.compute(i)
+        except ValueError as error:
+            outcomes[i] = str(error)
+
+    run_threads(caller, 10)
+    batcher.close()
+    assert outcomes == {i: f"bad {i}" if i % 3 == 0 else i * 10 for i in range(10)}
 
 
 def test_closing_fails_callers_still_waiting_and_refuses_new_ones():

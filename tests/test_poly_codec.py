@@ -116,8 +116,37 @@ def test_an_impossible_hello_is_refused(field, value, error):
 
 def test_a_hello_announcing_huge_observations_is_refused():
     huge = EnvSpec("Huge-v0", (1024, 1024, 64), np.dtype("uint8"), 2)
-    with pytest.raises(codec.ProtocolError, match="too large"):
+    with pytest.raises(codec.ProtocolError, match="more than 1048576 elements"):
         codec.read_hello(codec.hello("client", huge, 1))
+
+
+def test_a_hello_whose_envs_together_exceed_the_message_size_is_refused():
+    large = EnvSpec("Large-v0", (512, 512, 4), np.dtype("uint8"), 2)  # 1 MiB each
+    codec.read_hello(codec.hello("client", large, 32))
+    with pytest.raises(codec.ProtocolError, match="too large for one message"):
+        codec.read_hello(codec.hello("client", large, 33))
+
+
+@pytest.mark.parametrize("num_actions", [4097, 1_000_000, 2147483647])
+def test_a_hello_with_too_many_actions_is_refused(num_actions):
+    message = codec.hello("client", PONG, 1)
+    message.hello.num_actions = num_actions
+    with pytest.raises(codec.ProtocolError, match=f"num_actions {num_actions} is not in"):
+        codec.read_hello(message)
+
+
+def test_bytes_that_do_not_parse_become_a_protocol_error_not_a_silent_close():
+    message = codec.parse_env_message(b"\xff\xff\xff\xff garbage")
+    assert isinstance(message, codec.Undecodable)
+    with pytest.raises(codec.ProtocolError, match="could not be parsed"):
+        codec.read_hello(message)
+    with pytest.raises(codec.ProtocolError, match="could not be parsed"):
+        codec.read_step(message, PONG, 1, codec.max_step_bytes(PONG, 1))
+
+
+def test_a_good_message_parses_as_itself():
+    message = codec.hello("client", PONG, 1)
+    assert codec.parse_env_message(message.SerializeToString()) == message
 
 
 def test_a_step_over_the_size_limit_is_refused_before_it_is_read():

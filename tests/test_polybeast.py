@@ -5,12 +5,10 @@ from __future__ import annotations
 import csv
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import grpc
@@ -28,39 +26,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CARTPOLE = EnvSpec("CartPole-v1", (4,), np.dtype("float32"), 2)
 LEARNER = ["--env", "CartPole-v1", "--batch_size", "2", "--unroll_length", "20", "--disable_cuda"]
 ENV = ["--env", "CartPole-v1"]
-
-
-@pytest.fixture
-def sockets():
-    """A short folder for Unix sockets (their paths are limited to ~100 characters)."""
-    folder = tempfile.mkdtemp(prefix="pb", dir="/tmp")
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture
-def processes():
-    """Starts modules in their own process groups; kills what is left at the end."""
-    started: list[subprocess.Popen] = []
-
-    def start(module: str, *args: str, log: str, env: dict | None = None) -> subprocess.Popen:
-        out = open(log, "w")  # noqa: SIM115 (the process owns it)
-        process = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, **(env or {})},
-        )
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def free_port() -> int:
@@ -459,7 +424,8 @@ def test_a_learner_for_another_env_than_its_servers_stops_with_one_line(
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert "trains on PongNoFrameskip-v4, not CartPole-v1" in lines[0]
+    assert "CartPole-v1 (float32 [4], 2 actions) does not match the run's " in lines[0]
+    assert "PongNoFrameskip-v4 (uint8 [4, 84, 84], 6 actions)" in lines[0]
 
 
 # --------------------------------------------------------------------------- waiting, resume
@@ -494,8 +460,8 @@ def test_a_restarted_learner_resumes_and_its_clients_reconnect(tmp_path, process
 def test_a_learner_without_environments_says_so_once_and_waits(tmp_path, processes, sockets):
     address = f"unix:{sockets}/learner"
     learner_log = tmp_path / "learner.log"
-    learner = processes(
-        "torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--total_steps", "100000",
+    learner = processes(  # not told the env: it waits for the first to say what it is
+        "torchbeast.polybeast_learner", *LEARNER[2:], "--serve", address, "--total_steps", "100000",
         "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
     )  # fmt: skip
     wait_for(lambda: "Waiting for the first environment" in text(learner_log), 60, "notice")

@@ -128,6 +128,11 @@ def test_trains_on_a_running_cluster_and_resumes(tmp_path, ray_cluster):
     assert f"Resuming from {tmp_path / 'run' / 'model.tar'} at step {steps}" in second.stdout
     rows = read_rows(tmp_path / "run" / "logs.csv")
     assert int(rows[-1]["step"]) >= 8000
+    # The same xpid with another environment: one line, and the checkpoint is kept.
+    saved = (tmp_path / "run" / "model.tar").read_bytes()
+    other = raybeast(tmp_path, *common, "--env", "Acrobot-v1")
+    assert_one_error_line(other, "trained on CartPole-v1, not Acrobot-v1", "--env CartPole-v1")
+    assert (tmp_path / "run" / "model.tar").read_bytes() == saved
     # The cluster is the user's: it keeps running after the run.
     assert ray_daemon_pids()
 

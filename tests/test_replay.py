@@ -97,6 +97,20 @@ def test_each_step_is_stored_once():
     assert stored_columns(replay) == [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8], [8, 9, 10, 11, 12]]
 
 
+def test_forget_drops_every_step_of_its_sources_and_keeps_the_others():
+    replay = Replay(capacity=100, learn_start=0)
+    for k in range(3):
+        add(replay, source=0, start=k * T)
+        add(replay, source=1, start=k * T)
+    replay.forget({1})
+    assert replay.transitions == 3 * T
+    assert replay.stored_steps == 3 * T + 1
+    batch, _ = replay.contents()
+    assert set(batch["frame"][0, :, 0].tolist()) == {0}
+    add(replay, source=1, start=3 * T)  # a forgotten source starts a new chain
+    assert replay.transitions == 4 * T
+
+
 def test_a_sampled_column_equals_the_online_column():
     replay = Replay(capacity=100, learn_start=0)
     add(replay, source=0, start=0)

@@ -42,6 +42,7 @@ from torchbeast.runtime.poly.trainer import (
     PolyTrainer,
     env_flags,
     finish_learner_flags,
+    learner_spec,
     limit_intra_op_threads,
     make_learner_parser,
 )
@@ -136,7 +137,7 @@ def run_poly(flags: argparse.Namespace, start_measuring, folder: str) -> Trainer
     limit_intra_op_threads(flags)
     server_flags = env_flags(flags)
     processes = env_side.start_processes(server_flags)
-    pool = PolyActorPool(flags)
+    pool = PolyActorPool(flags, spec=learner_spec(flags))
     try:
         pool.listen()
         trainer = PolyTrainer(flags, pool)

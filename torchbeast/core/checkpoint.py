@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import tempfile
 
+import numpy as np
 import torch
+
+from torchbeast.core.spec import EnvSpec
 
 
 class CheckpointError(RuntimeError):
@@ -35,9 +38,62 @@ def load(path: str, map_location: str | torch.device = "cpu") -> dict:
             "and --savedir), or pass the --xpid/--savedir of a trained run"
         )
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:
-        raise CheckpointError(f"cannot read checkpoint {path} ({error}); it is damaged") from None
+        text = str(error).strip()
+        if "Weights only load failed" in text:  # torch's advice here would run the file's code
+            reason = "it holds objects other than tensors and plain values"
+        else:
+            reason = text.splitlines()[0] if text else type(error).__name__
+        raise CheckpointError(
+            f"{path} is not a torchbeast checkpoint or is damaged ({reason}); do not load it "
+            "with weights_only=False, which would run any code it holds"
+        ) from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} is not a torchbeast checkpoint (not a dictionary)")
+    return state
+
+
+def spec_state(spec: EnvSpec) -> dict:
+    """The env spec as plain values, for a checkpoint."""
+    return dict(
+        env_id=spec.env_id,
+        observation_shape=list(spec.observation_shape),
+        observation_dtype=np.dtype(spec.observation_dtype).name,
+        num_actions=spec.num_actions,
+    )
+
+
+def saved_spec(state: dict) -> EnvSpec | None:
+    """The env spec a checkpoint was trained on (None for checkpoints older than the field)."""
+    saved = state.get("env_spec")
+    if saved is None:
+        return None
+    return EnvSpec(
+        saved["env_id"],
+        tuple(saved["observation_shape"]),
+        np.dtype(saved["observation_dtype"]),
+        int(saved["num_actions"]),
+    )
+
+
+def check_spec(state: dict, spec: EnvSpec, path: str) -> None:
+    """Refuses a checkpoint trained on an environment with other observations or actions."""
+    saved = saved_spec(state)
+    if saved is not None and saved != spec:
+        raise CheckpointError(
+            f"checkpoint {path} was trained on {describe_spec(saved)}, but the environment "
+            f"now is {describe_spec(spec)}: use the environment and flags it was trained "
+            "with, or another --xpid"
+        )
+
+
+def describe_spec(spec: EnvSpec) -> str:
+    """``CartPole-v1 (float32 [4], 2 actions)``."""
+    return (
+        f"{spec.env_id} ({np.dtype(spec.observation_dtype).name} "
+        f"{list(spec.observation_shape)}, {spec.num_actions} actions)"
+    )
 
 
 def check_optimizer(state: dict, optimizer: str, path: str) -> None:

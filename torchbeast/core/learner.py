@@ -190,7 +190,7 @@ class Learner:
         replayed (default: all online).
         """
         with self.lock:
-            # A NaN input would make the model's action sampling fail before the loss check.
+            # A non-finite input would give a non-finite loss anyway; say which input it was.
             for key in ("frame", "reward"):
                 if batch[key].is_floating_point() and not torch.isfinite(batch[key]).all():
                     raise NonFiniteLossError(
@@ -216,6 +216,29 @@ class Learner:
             self.scheduler.step()
             return self._finish_update(first_pass, grad_norm)
 
+    def nonfinite_columns(
+        self,
+        batch: dict[str, torch.Tensor],
+        initial_core_state: CoreState,
+        num_online: int,
+    ) -> list[int]:
+        """The online columns of ``batch`` whose own loss is non-finite: which rollouts broke
+        an update (one forward pass per column; for the rare failed update only)."""
+        bad = []
+        with self.lock, torch.no_grad():
+            for column in range(num_online):
+                single = {key: value[:, column : column + 1] for key, value in batch.items()}
+                state = tuple(s[:, column : column + 1] for s in initial_core_state)
+                if not all(
+                    torch.isfinite(single[key]).all()
+                    for key in ("frame", "reward")
+                    if single[key].is_floating_point()
+                ):
+                    bad.append(column)
+                elif not torch.isfinite(self._losses(single, state, 1).total_loss):
+                    bad.append(column)
+        return bad
+
     def _snapshot(self) -> tuple[dict, dict]:
         """Copies of the model's and the optimizer's state, to undo a failed update."""
         return (
@@ -231,7 +254,7 @@ class Learner:
     ) -> LossTerms:
         """The V-trace losses of ``batch`` under the current weights, and what they used."""
         flags = self.flags
-        learner_outputs, _ = self.model(batch, initial_core_state)
+        learner_outputs, _ = self.model(batch, initial_core_state, act=False)
 
         # The last baseline bootstraps the value beyond the rollout.
         bootstrap_value = learner_outputs["baseline"][-1]  # [B]

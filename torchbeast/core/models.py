@@ -134,8 +134,12 @@ class Agent(nn.Module):
         return (torch.zeros(shape), torch.zeros(shape))
 
     def forward(
-        self, inputs: dict[str, torch.Tensor], core_state: CoreState = ()
+        self, inputs: dict[str, torch.Tensor], core_state: CoreState = (), *, act: bool = True
     ) -> tuple[dict[str, torch.Tensor], CoreState]:
+        """Policy logits, baseline and (with ``act``) an action: sampled in training mode,
+        the most likely in eval mode. The learner, which needs no action, passes
+        ``act=False``; so does PolyBeast's inference, which samples where it can tell
+        which rows are non-finite."""
         frame = inputs["frame"]  # [T, B, *obs_shape]
         T, B = frame.shape[:2]
         x = frame.flatten(0, 1)
@@ -164,19 +168,18 @@ class Agent(nn.Module):
 
         policy_logits = self.policy(core_output)  # [T*B, A]
         baseline = self.baseline(core_output)  # [T*B, 1]
-        if self.training:
-            action = torch.multinomial(F.softmax(policy_logits, dim=1), num_samples=1)
-        else:
-            action = torch.argmax(policy_logits, dim=1)
-        return (
-            dict(
-                policy_logits=policy_logits.view(T, B, self.num_actions),
-                baseline=baseline.view(T, B),
-                action=action.view(T, B),
-                policy_version=self.policy_version.expand(T, B),
-            ),
-            core_state,
+        outputs = dict(
+            policy_logits=policy_logits.view(T, B, self.num_actions),
+            baseline=baseline.view(T, B),
+            policy_version=self.policy_version.expand(T, B),
         )
+        if act:
+            if self.training:
+                action = torch.multinomial(F.softmax(policy_logits, dim=1), num_samples=1)
+            else:
+                action = torch.argmax(policy_logits, dim=1)
+            outputs["action"] = action.view(T, B)
+        return outputs, core_state
 
 
 def model_config(flags: argparse.Namespace, observation_shape: Sequence[int]) -> dict:

@@ -140,6 +140,19 @@ class Replay:
                 return None
             return self._columns(self._segments)
 
+    def forget(self, sources: set[Hashable]) -> None:
+        """Drops every stored step of these sources (rollouts that broke an update)."""
+        with self._lock:
+            kept = []
+            for segment in self._segments:
+                if segment.source in sources:
+                    self._transitions -= len(segment)
+                else:
+                    kept.append(segment)
+            self._segments = kept
+            for source in sources:
+                self._tails.pop(source, None)
+
     def _check_layout(self, batch: dict[str, torch.Tensor], sources: Sequence[Hashable]) -> None:
         if len(sources) != batch["frame"].shape[1]:
             raise ValueError(f"{len(sources)} sources for {batch['frame'].shape[1]} columns")

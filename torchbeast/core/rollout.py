@@ -6,6 +6,8 @@ rollout (so the learner can bootstrap and line up actions), indices 1..T are new
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from torchbeast.core.spec import EnvSpec
@@ -48,6 +50,14 @@ def rollout_spec(env_spec: EnvSpec, unroll_length: int) -> dict[str, tuple[tuple
         baseline=((T1,), torch.float32),
         action=((T1,), torch.int64),
         policy_version=((T1,), torch.int64),
+    )
+
+
+def rollout_bytes(env_spec: EnvSpec, unroll_length: int) -> int:
+    """The memory one rollout of ``unroll_length`` + 1 steps takes."""
+    return sum(
+        math.prod(shape) * dtype.itemsize
+        for shape, dtype in rollout_spec(env_spec, unroll_length).values()
     )
 
 

@@ -116,8 +116,16 @@ class Trainer:
             return False
         state = checkpoint.load(self.checkpoint_path, map_location=self.device)
         checkpoint.check_compatible(state, self.flags.env, self.config, self.checkpoint_path)
+        checkpoint.check_spec(state, self.env_spec, self.checkpoint_path)
         checkpoint.check_optimizer(state, self.flags.optimizer, self.checkpoint_path)
-        self.learner.load_state_dict(state)
+        try:
+            self.learner.load_state_dict(state)
+        except (KeyError, RuntimeError, ValueError) as error:  # e.g. another number of actions
+            first_line = str(error).strip().splitlines()[0]
+            raise checkpoint.CheckpointError(
+                f"checkpoint {self.checkpoint_path} does not fit this run's model ({first_line}): "
+                "use the environment and flags it was trained with, or another --xpid"
+            ) from None
         return True
 
     def save_checkpoint(self) -> None:
@@ -126,7 +134,10 @@ class Trainer:
         with self.learner.lock:
             state = self.learner.state_dict()
             state.update(
-                flags=vars(self.flags).copy(), env=self.flags.env, model_config=self.config
+                flags=vars(self.flags).copy(),
+                env=self.flags.env,
+                env_spec=checkpoint.spec_state(self.env_spec),
+                model_config=self.config,
             )
             log.info("Saving checkpoint to %s (step %d)", self.checkpoint_path, self.learner.step)
             checkpoint.save(self.checkpoint_path, state)
@@ -159,7 +170,13 @@ class Trainer:
                 core_state = tuple(s.to(self.device) for s in core_state)
                 # Updates are serialised anyway; logging inside keeps logs.csv in step order.
                 with self.stats_lock:
-                    stats = self.learner.learn(batch, core_state, num_online)
+                    try:
+                        stats = self.learner.learn(batch, core_state, num_online)
+                    except NonFiniteLossError as error:
+                        if not getattr(pool, "drops_bad_batches", False):
+                            raise
+                        self.drop_batch(pool, batch, core_state, sources, error)
+                        continue
                     self.record_returns(episode_returns.tolist())
                     self.recent_true.extend(true_outcomes)
                     self.last_stats = stats
@@ -169,6 +186,34 @@ class Trainer:
         except BaseException as error:  # surfaced by the main thread, not swallowed
             self.failure = error
             self.stop_requested.set()
+
+    def drop_batch(
+        self,
+        pool: Pool,
+        batch: dict[str, torch.Tensor],
+        core_state: tuple[torch.Tensor, ...],
+        sources: list[Hashable],
+        error: NonFiniteLossError,
+    ) -> None:
+        """A batch from network peers that would make the loss non-finite is skipped, and
+        the streams whose rollouts do so on their own are closed: one peer cannot stop the
+        run. (With the user's own environments, MonoBeast and RayBeast, it stops the run.)"""
+        culprits = self.learner.nonfinite_columns(batch, core_state, len(sources))
+        named = [sources[column] for column in culprits] or sources
+        log.warning(
+            "Dropped a batch: %s. It came from %s.",
+            error,
+            pool.describe_sources(named),
+        )
+        if culprits:
+            closed = pool.close_streams(
+                {sources[column][0] for column in culprits},
+                "its rollouts made the loss non-finite",
+            )
+            if closed:
+                log.warning("Closed the streams of %s.", ", ".join(closed))
+            if self.replay is not None:
+                self.replay.forget({sources[column] for column in culprits})
 
     def record_returns(self, returns: list[float]) -> None:
         """Notes the returns of episodes that just ended (stats_lock held)."""

@@ -11,6 +11,12 @@ Classic mode dials ``num_actors`` streams over the env servers' addresses and re
 dead server with backoff. Inverted mode (``--serve ADDRESS``) serves any number of env
 clients up to ``--max_clients``. A stream that ends before its rollout is full (a client
 that left, a server that died) still delivers what it sent: padded to T+1 with a mask.
+
+A peer can cost only its own stream: a stream's rollout buffers are allocated at its
+first Step, from a learner-wide budget (``--stream_memory_mb``); a client that sends no
+Hello within ``HELLO_TIMEOUT_S``, or no Step for ``--stream_timeout_s``, is closed; rows
+of a batched inference that come out non-finite close the streams they came from; and
+rollouts that make the loss non-finite close theirs (see ``Trainer``).
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -32,12 +39,14 @@ import torch
 from torch import nn
 
 from torchbeast.core import rollout
+from torchbeast.core.checkpoint import describe_spec
 from torchbeast.core.models import CoreState, create_model
+from torchbeast.core.rollout import rollout_bytes
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
-from torchbeast.runtime.poly.batching import Closed, DynamicBatcher, RolloutQueue
+from torchbeast.runtime.poly.batching import Closed, DynamicBatcher, Failed, RolloutQueue
 from torchbeast.runtime.poly.env_side import server_addresses
 from torchbeast.runtime.training import TrainingError
 
@@ -45,10 +54,34 @@ log = logging.getLogger("torchbeast")
 
 MAX_BACKOFF_S = 5.0
 NO_ENVS_NOTICE_S = 5.0
+HELLO_TIMEOUT_S = 10.0  # inverted mode: a client must say what it is this soon
+WATCH_INTERVAL_S = 0.5
+MAX_CLOSED_STREAM_NAMES = 10_000  # client ids kept for naming the sources of old rollouts
 
 
 class SpecMismatch(ValueError):
     """An environment's spec differs from the one this learner trains on."""
+
+
+class OverBudget(RuntimeError):
+    """A stream's buffers would exceed the learner's memory budget for streams."""
+
+
+class StreamClosed(codec.ProtocolError):
+    """The learner closed a stream: it was idle, or its data cannot be learned from."""
+
+
+@dataclass
+class _Stream:
+    """One env stream, as the watchdog sees it."""
+
+    serial: int
+    cancel: Callable[[], object]  # ends the RPC; the stream's thread sees an RpcError
+    client_id: str = "?"
+    deadline: float | None = None  # while waiting for the peer: when it is too late
+    waiting_for: str = ""
+    closed_because: str | None = None
+    discard: bool = False  # closed for bad data: its partial rollout is not learned from
 
 
 Rollout = tuple[dict[str, torch.Tensor], CoreState]  # [T+1, ...] with "mask"; [layers, 1, H]
@@ -82,12 +115,23 @@ class EpisodeLog:
 class PolyActorPool:
     """Env streams on one side, the learner's ``get_batch`` on the other."""
 
-    def __init__(self, flags: argparse.Namespace, env_processes: list | None = None):
-        """``env_processes``: the env processes this command started, watched for exits."""
+    drops_bad_batches = True  # see Trainer.drop_batch: peers' data must not stop the run
+
+    def __init__(
+        self,
+        flags: argparse.Namespace,
+        env_processes: list | None = None,
+        spec: EnvSpec | None = None,
+    ):
+        """``env_processes``: the env processes this command started, watched for exits.
+        ``spec``: the environment the run trains on, if the learner knows it; otherwise the
+        first Hello decides it."""
         self.flags = flags
         self.env_processes = env_processes or []
-        self.spec: EnvSpec | None = None
+        self.spec = spec
         self.spec_known = threading.Event()
+        if spec is not None:
+            self.spec_known.set()
         self.model_ready = threading.Event()
         self.stopping = threading.Event()
         self.error: str | None = None
@@ -98,6 +142,11 @@ class PolyActorPool:
         self.lock = threading.Lock()
         self.connected: collections.Counter[str] = collections.Counter()  # streams per id
         self.stream_serials = itertools.count()  # a replay source per stream and env
+        self.streams: dict[int, _Stream] = {}  # open streams, by serial
+        # serial -> client id, also of closed streams whose rollouts may still be queued.
+        self.client_ids: collections.OrderedDict[int, str] = collections.OrderedDict()
+        self.memory_budget = flags.stream_memory_mb << 20
+        self.memory_used = 0
         self.last_connected = time.monotonic()
         self.server: grpc.Server | None = None
         self.port: int | None = None
@@ -114,13 +163,26 @@ class PolyActorPool:
     def listen(self) -> None:
         """Starts serving (inverted) or dialling (classic); streams wait for the model."""
         flags = self.flags
+        log.info(
+            "Env streams' rollout buffers may take at most %d MiB (--stream_memory_mb)%s.",
+            flags.stream_memory_mb,
+            self._stream_size_text(),
+        )
         if self.env_processes:
             threading.Thread(target=self._watch_env_processes, daemon=True).start()
+        threading.Thread(target=self._watch_streams, name="stream-watchdog", daemon=True).start()
         if flags.serve:
             self.server, self.port = network.create_server(flags, flags.serve, flags.max_clients)
-            pb_grpc.add_LearnerServicer_to_server(LearnerServicer(self), self.server)
+            add_learner_servicer(self.server, LearnerServicer(self))
             self.server.start()
             log.info("Learner serving env clients on %s.", flags.serve)
+            log.info(
+                "At most %d env clients at once (--max_clients); a client must send its Hello "
+                "within %.0f s and a Step at least every %.0f s (--stream_timeout_s).",
+                flags.max_clients,
+                HELLO_TIMEOUT_S,
+                flags.stream_timeout_s,
+            )
         else:
             addresses = server_addresses(flags)
             for index in range(flags.num_actors):
@@ -150,7 +212,7 @@ class PolyActorPool:
         inference_model = create_model(config, self.spec.observation_shape, self.spec.num_actions)
         inference_model.load_state_dict(model.state_dict())
         inference_model.policy_version.copy_(model.policy_version)  # not in state_dict
-        self.inference_model = inference_model.to(self.device).train()  # train: sample actions
+        self.inference_model = inference_model.to(self.device)
         self.initial_core_state = tuple(s.cpu() for s in inference_model.initial_state(1))
         self.episodes = EpisodeLog(os.path.join(run_dir, "episodes.csv"))
         self.batcher = DynamicBatcher(
@@ -208,7 +270,10 @@ class PolyActorPool:
         return batch, core_state, [item[2] for item in items]
 
     def _infer(self, requests: list[tuple[dict[str, torch.Tensor], CoreState]]) -> list:
-        """One forward pass for many streams: inputs [1, E, ...] each, batched on dim 1."""
+        """One forward pass for many streams: inputs [1, E, ...] each, batched on dim 1.
+
+        Actions are sampled here, not in the model (which runs in eval mode), so that a
+        stream whose observations give non-finite outputs fails alone (``Failed``)."""
         if len(requests) == 1:  # often: no copy needed
             inputs, core_state = requests[0]
         else:
@@ -223,34 +288,49 @@ class PolyActorPool:
         inputs = {key: value.to(self.device) for key, value in inputs.items()}
         core_state = tuple(s.to(self.device) for s in core_state)
         with self.inference_lock, torch.inference_mode():
-            outputs, core_state = self.inference_model(inputs, core_state)
+            outputs, core_state = self.inference_model(inputs, core_state, act=False)
+        logits = outputs["policy_logits"][0]  # [N, A]
+        finite = torch.isfinite(logits).all(dim=1) & torch.isfinite(outputs["baseline"][0])
+        probabilities = torch.softmax(torch.where(finite[:, None], logits, 0.0), dim=1)
+        outputs["action"] = torch.multinomial(probabilities, num_samples=1).view(1, -1)
         outputs = {key: value.cpu() for key, value in outputs.items()}  # [1, N, ...]
         core_state = tuple(s.cpu() for s in core_state)  # [layers, N, H]
-        results, start = [], 0
+        finite = finite.cpu()
+        results: list = []
+        start = 0
         for request in requests:
             end = start + request[0]["frame"].shape[1]
-            results.append(
-                (
-                    {key: value[0, start:end] for key, value in outputs.items()},
-                    tuple(s[:, start:end] for s in core_state),
+            if not finite[start:end].all():
+                results.append(
+                    Failed(
+                        StreamClosed(
+                            "inference on its observations gave non-finite outputs "
+                            "(are its values too large?)"
+                        )
+                    )
                 )
-            )
+            else:
+                results.append(
+                    (
+                        {key: value[0, start:end] for key, value in outputs.items()},
+                        tuple(s[:, start:end] for s in core_state),
+                    )
+                )
             start = end
         return results
 
     # ------------------------------------------------------------------ streams
 
     def register(self, client_id: str, spec: EnvSpec) -> None:
-        """The first spec defines the run; later ones must match it."""
+        """Checks a Hello's spec against the run's; the first Hello decides it only when
+        the learner was told nothing about the environment."""
         with self.lock:
             if self.spec is None:
-                wanted = self.flags.env
-                if wanted and spec.env_id != wanted:
-                    raise SpecMismatch(f"this learner trains on {wanted}, not {spec.env_id}")
                 self.spec = spec
                 self.spec_known.set()
                 log.info(
-                    "First environment %s: %s, observations %s %s, %d actions.",
+                    "The learner was not told the environment (--env), so the first one to "
+                    "connect decides it: %s sent %s, observations %s %s, %d actions.",
                     client_id,
                     spec.env_id,
                     spec.observation_dtype,
@@ -259,26 +339,43 @@ class PolyActorPool:
                 )
             elif spec != self.spec:
                 raise SpecMismatch(
-                    f"environment {spec.env_id} {list(spec.observation_shape)} with "
-                    f"{spec.num_actions} actions does not match the run's {self.spec.env_id} "
-                    f"{list(self.spec.observation_shape)} with {self.spec.num_actions} actions"
+                    f"environment {describe_spec(spec)} does not match the run's "
+                    f"{describe_spec(self.spec)}"
                 )
             self.connected[client_id] += 1
 
-    def serve_env(self, incoming: Iterator[pb.EnvMessage]) -> Iterator[pb.Action]:
-        """Runs one env stream: reads Steps, yields Actions, queues rollouts."""
-        first = next(incoming, None)
-        if first is None:
-            return
-        client_id, spec, num_envs = codec.read_hello(first)
-        self.register(client_id, spec)
+    def serve_env(
+        self, incoming: Iterator[pb.EnvMessage], cancel: Callable[[], object]
+    ) -> Iterator[pb.Action]:
+        """Runs one env stream: reads Steps, yields Actions, queues rollouts.
+
+        ``cancel`` ends the stream's RPC (the watchdog's way to close it)."""
+        stream = _Stream(next(self.stream_serials), cancel)
+        with self.lock:
+            self.streams[stream.serial] = stream
+        try:
+            messages = self._watched(incoming, stream)
+            first = next(messages, None)
+            if first is None:
+                return
+            client_id, spec, num_envs = codec.read_hello(first)
+            self.register(client_id, spec)
+        except BaseException:
+            with self.lock:
+                del self.streams[stream.serial]
+            raise
+        stream.client_id = client_id
+        with self.lock:
+            self.client_ids[stream.serial] = client_id
+            while len(self.client_ids) > MAX_CLOSED_STREAM_NAMES:
+                self.client_ids.popitem(last=False)
         log.info("Env stream %s connected (%d envs).", client_id, num_envs)
         try:
             while not self.model_ready.wait(0.2):
                 if self.stopping.is_set():
                     return
-            yield from self._act(incoming, client_id, spec, num_envs)
-        except (grpc.RpcError, codec.ProtocolError, Closed):
+            yield from self._act(messages, stream, spec, num_envs)
+        except (grpc.RpcError, codec.ProtocolError, Closed, OverBudget):
             raise  # the stream's own end; the caller closes it with the right status
         except Exception as error:  # a learner-side failure (e.g. in inference): stop the run
             with self.lock:
@@ -291,16 +388,131 @@ class PolyActorPool:
             raise Closed("the learner is stopping") from None
         finally:
             with self.lock:
+                del self.streams[stream.serial]
                 self.connected[client_id] -= 1
                 if self.connected[client_id] <= 0:
                     del self.connected[client_id]
                 self.last_connected = time.monotonic()
 
+    def _watched(
+        self, incoming: Iterator[pb.EnvMessage], stream: _Stream
+    ) -> Iterator[pb.EnvMessage]:
+        """The stream's messages; the watchdog cancels a peer that keeps it waiting too long.
+
+        Only waits for the peer count: not the learner's own (inference, a full queue)."""
+        # Classic mode: the learner dials, and waiting for a server that is not up (yet) is
+        # how it is meant to work; the timeouts start once the server said Hello.
+        timeout = HELLO_TIMEOUT_S if self.flags.serve else None
+        waiting_for = f"sent no Hello within {HELLO_TIMEOUT_S:.0f} s"
+        while True:
+            if timeout is not None:
+                stream.waiting_for = waiting_for
+                stream.deadline = time.monotonic() + timeout
+            try:
+                message = next(incoming, None)
+            except grpc.RpcError:
+                if stream.closed_because is not None:
+                    raise StreamClosed(stream.closed_because) from None
+                raise
+            finally:
+                stream.deadline = None
+            if stream.closed_because is not None:
+                raise StreamClosed(stream.closed_because)
+            if message is None:
+                return
+            yield message
+            timeout = self.flags.stream_timeout_s
+            waiting_for = f"sent no Step for {timeout:.0f} s (--stream_timeout_s)"
+
+    def close_streams(self, serials: set[int], reason: str) -> list[str]:
+        """Closes the open streams among ``serials``; their partial rollouts are dropped.
+        Returns the client ids of the ones closed."""
+        closed = []
+        with self.lock:
+            for serial in serials:
+                stream = self.streams.get(serial)
+                if stream is not None and stream.closed_because is None:
+                    stream.closed_because, stream.discard = reason, True
+                    closed.append(stream)
+        for stream in closed:
+            stream.cancel()
+        return [stream.client_id for stream in closed]
+
+    def describe_sources(self, sources: list[tuple[int, int]]) -> str:
+        """The client ids (with env index) that rollouts with these sources came from."""
+        with self.lock:
+            names = {
+                f"{self.client_ids.get(serial, f'stream {serial}')}/{env}"
+                for serial, env in sources
+            }
+        return ", ".join(sorted(names))
+
+    def _watch_streams(self) -> None:
+        """Closes streams whose peer kept them waiting past their deadline."""
+        while not self.stopping.wait(WATCH_INTERVAL_S):
+            now = time.monotonic()
+            with self.lock:
+                late = [
+                    stream
+                    for stream in self.streams.values()
+                    if stream.deadline is not None
+                    and stream.deadline < now
+                    and stream.closed_because is None
+                ]
+                for stream in late:
+                    stream.closed_because = stream.waiting_for
+            for stream in late:
+                stream.cancel()
+
+    def _reserve(self, client_id: str, size: int) -> None:
+        with self.lock:
+            if self.memory_used + size > self.memory_budget:
+                raise OverBudget(
+                    f"the learner's memory for env streams is spent ({self.memory_used >> 20} "
+                    f"of {self.memory_budget >> 20} MiB, --stream_memory_mb); "
+                    f"{client_id} needs {size / 2**20:.1f} MiB"
+                )
+            self.memory_used += size
+
+    def _release(self, size: int) -> None:
+        with self.lock:
+            self.memory_used -= size
+
+    def _stream_size_text(self) -> str:
+        if self.spec is None:
+            return ""
+        per_env = rollout_bytes(self.spec, self.flags.unroll_length)
+        return f"; each env of a stream takes {per_env / 2**20:.2f} MiB"
+
     def _act(
-        self, incoming: Iterator[pb.EnvMessage], client_id: str, spec: EnvSpec, num_envs: int
+        self, incoming: Iterator[pb.EnvMessage], stream_info: _Stream, spec: EnvSpec, num_envs: int
+    ) -> Iterator[pb.Action]:
+        client_id = stream_info.client_id
+        size_limit = codec.max_step_bytes(spec, num_envs)
+        first = next(incoming, None)
+        if first is None:
+            return
+        # Memory is spent only on a stream that sends Steps (a bare Hello costs nothing).
+        first_fields, first_observation = codec.read_step(first, spec, num_envs, size_limit)
+        buffer_size = num_envs * rollout_bytes(spec, self.flags.unroll_length)
+        self._reserve(client_id, buffer_size)
+        try:
+            yield from self._act_on_steps(
+                incoming, stream_info, spec, num_envs, (first_fields, first_observation)
+            )
+        finally:
+            self._release(buffer_size)
+
+    def _act_on_steps(
+        self,
+        incoming: Iterator[pb.EnvMessage],
+        stream_info: _Stream,
+        spec: EnvSpec,
+        num_envs: int,
+        first_step: tuple[dict[str, np.ndarray], np.ndarray],
     ) -> Iterator[pb.Action]:
         T = self.flags.unroll_length
-        stream = next(self.stream_serials)  # peers may share a client id; streams do not
+        client_id, stream = stream_info.client_id, stream_info.serial
         size_limit = codec.max_step_bytes(spec, num_envs)
         # [T+1, E, ...]: the stream's E envs side by side, as the model wants them.
         buffers = {
@@ -313,17 +525,12 @@ class PolyActorPool:
         )
         t = 0
 
-        def write_step(message: pb.EnvMessage, index: int) -> dict[str, np.ndarray]:
-            fields, observation = codec.read_step(message, spec, num_envs, size_limit)
+        def write(index: int, fields: dict[str, np.ndarray], observation: np.ndarray) -> None:
             arrays["frame"][index] = observation  # the one copy out of the message
             for name, values in fields.items():
                 arrays[name][index] = values
-            return fields
 
-        first = next(incoming, None)
-        if first is None:
-            return
-        write_step(first, 0)
+        write(0, *first_step)
         try:
             while True:
                 env_inputs = {key: buffers[key][t : t + 1] for key in rollout.ENV_KEYS}
@@ -333,7 +540,9 @@ class PolyActorPool:
                 message = next(incoming, None)
                 if message is None:
                     break
-                fields = write_step(message, t + 1)  # a bad Step raises before t moves on
+                # A bad Step raises before t moves on.
+                fields, observation = codec.read_step(message, spec, num_envs, size_limit)
+                write(t + 1, fields, observation)
                 t += 1
                 buffers["last_action"][t] = actions
                 for key in rollout.AGENT_KEYS:
@@ -353,7 +562,7 @@ class PolyActorPool:
         finally:  # also when the peer went away (grpc.RpcError): a disconnect
             if not self.stopping.is_set():
                 log.info("Stream %s ended %d steps into a rollout.", client_id, t)
-            if t > 0 and not self.stopping.is_set():
+            if t > 0 and not self.stopping.is_set() and not stream_info.discard:
                 # What the stream sent is still learned from: partial rollouts.
                 for env in np.flatnonzero(~arrays["episode_end"][t]):
                     self.episodes.write(
@@ -395,15 +604,19 @@ class PolyActorPool:
         channel = network.create_channel(self.flags, address)
         with self.lock:
             self.channels.append(channel)
-        stub = pb_grpc.EnvServerStub(channel)
+        stream_env = channel.stream_stream(
+            "/torchbeast.polybeast.EnvServer/StreamEnv",
+            request_serializer=pb.Action.SerializeToString,
+            response_deserializer=codec.parse_env_message,  # logs what it cannot parse
+        )
         for attempt in itertools.count():
             if self.stopping.is_set():
                 return
             requests: queue.Queue[pb.Action | None] = queue.Queue()  # None: half-close
             # wait_for_ready: a server that is not up (yet, or again) is waited for.
-            call = stub.StreamEnv(iter(requests.get, None), metadata=metadata, wait_for_ready=True)
+            call = stream_env(iter(requests.get, None), metadata=metadata, wait_for_ready=True)
             try:
-                for action in self.serve_env(call):
+                for action in self.serve_env(call, call.cancel):
                     requests.put(action)
                 reason = "it closed the stream"
             except grpc.RpcError as error:
@@ -414,6 +627,8 @@ class PolyActorPool:
                 reason = code.name
             except codec.ProtocolError as error:
                 reason = f"it sent a bad stream: {error}"
+            except OverBudget as error:
+                reason = str(error)
             except SpecMismatch as error:  # a misconfigured server: redialling cannot help
                 self.error = f"env server {address}: {error}"
                 self.stopping.set()
@@ -466,25 +681,76 @@ def client_id_of(client_id: str, env: int, num_envs: int) -> str:
     return client_id if num_envs == 1 else f"{client_id}/{env}"
 
 
+class RateLimitedLog:
+    """Warnings about refused peers: at most ``burst`` lines per ``period_s``, then a count,
+    so that a flood of bad connections cannot flood the log."""
+
+    def __init__(self, burst: int = 20, period_s: float = 10.0):
+        self.burst, self.period_s = burst, period_s
+        self.lock = threading.Lock()
+        self.window_start = time.monotonic()
+        self.logged = self.suppressed = 0
+
+    def warning(self, message: str, *args) -> None:
+        with self.lock:
+            now = time.monotonic()
+            if now - self.window_start >= self.period_s:
+                if self.suppressed:
+                    log.warning(
+                        "%d more refused streams in the last %.0f s were not logged.",
+                        self.suppressed,
+                        now - self.window_start,
+                    )
+                self.window_start, self.logged, self.suppressed = now, 0, 0
+            if self.logged >= self.burst:
+                self.suppressed += 1
+                return
+            self.logged += 1
+        log.warning(message, *args)
+
+
 class LearnerServicer(pb_grpc.LearnerServicer):
     """Inverted mode: env clients dial the learner."""
 
     def __init__(self, pool: PolyActorPool):
         self.pool = pool
+        self.refusals = RateLimitedLog()
 
     def ConnectEnv(self, request_iterator, context):  # noqa: N802 (gRPC's name)
         try:
-            yield from self.pool.serve_env(request_iterator)
+            yield from self.pool.serve_env(request_iterator, context.cancel)
         except grpc.RpcError:
             log.info("An env client at %s disconnected.", context.peer())
+        except StreamClosed as error:
+            self.refusals.warning("Closed a stream from %s: %s", context.peer(), error)
+            context.abort(grpc.StatusCode.ABORTED, str(error))
         except codec.ProtocolError as error:
-            log.warning("Closing a stream from %s: %s", context.peer(), error)
+            self.refusals.warning("Closing a stream from %s: %s", context.peer(), error)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except SpecMismatch as error:
-            log.warning("Refused a stream from %s: %s", context.peer(), error)
+            self.refusals.warning("Refused a stream from %s: %s", context.peer(), error)
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        except OverBudget as error:
+            self.refusals.warning("Refused a stream from %s: %s", context.peer(), error)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
         except Closed:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is stopping")
         except Exception as error:  # not the client's fault: say so, keep the traceback here
             log.exception("Serving a stream from %s failed.", context.peer())
             context.abort(grpc.StatusCode.INTERNAL, f"the learner failed: {error!r}")
+
+
+def add_learner_servicer(server: grpc.Server, servicer: LearnerServicer) -> None:
+    """Registers ``servicer`` with a deserializer that lets the stream refuse (and log) a
+    message protobuf cannot parse; gRPC's own would close the stream without a word."""
+    handlers = {
+        "ConnectEnv": grpc.stream_stream_rpc_method_handler(
+            servicer.ConnectEnv,
+            request_deserializer=codec.parse_env_message,
+            response_serializer=pb.Action.SerializeToString,
+        )
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("torchbeast.polybeast.Learner", handlers),)
+    )
+    server.add_registered_method_handlers("torchbeast.polybeast.Learner", handlers)

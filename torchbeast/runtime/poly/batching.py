@@ -27,6 +27,15 @@ class Closed(RuntimeError):
     """The batcher or queue was closed while a caller waited on it."""
 
 
+class Failed:
+    """A result that fails only its own request: ``compute`` returns it in that place."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
 class _Request(Generic[In, Out]):
     __slots__ = ("payload", "done", "result", "error")
 
@@ -40,7 +49,8 @@ class _Request(Generic[In, Out]):
 class DynamicBatcher(Generic[In, Out]):
     """Calls ``compute(list of payloads) -> list of results`` on batches of requests.
 
-    An exception raised by ``compute`` reaches every caller of that batch.
+    An exception raised by ``compute`` reaches every caller of that batch; a ``Failed``
+    result raises its error for its own caller only.
     """
 
     def __init__(
@@ -75,6 +85,8 @@ class DynamicBatcher(Generic[In, Out]):
         request.done.wait()
         if request.error is not None:
             raise request.error
+        if isinstance(request.result, Failed):
+            raise request.result.error
         return request.result  # type: ignore[return-value]
 
     def close(self) -> None:

@@ -19,6 +19,9 @@ PROTOCOL_VERSION = 2  # 2: Steps carry the true return and move
 DTYPES = frozenset(("uint8", "int8", "int16", "int32", "int64", "float32", "bool"))
 MAX_OBSERVATION_BYTES = 32 << 20  # a Hello announcing more per step is refused
 MAX_ENVS_PER_STREAM = 1024
+# The model's size follows the spec: a Hello must not make the learner build a huge one.
+MAX_NUM_ACTIONS = 4096
+MAX_OBSERVATION_ELEMENTS = 1 << 20
 STEP_OVERHEAD_BYTES = 1024  # room for a Step's framing
 SCALAR_BYTES_PER_ENV = 48  # reward, done, episode_end, the episode returns and step
 
@@ -97,8 +100,31 @@ def hello(client_id: str, spec: EnvSpec, num_envs: int = 1) -> pb.EnvMessage:
     )
 
 
+class Undecodable:
+    """Stands in for a message that protobuf could not parse, so that the stream that sent
+    it is closed and logged like any other bad message (gRPC would close it silently)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def parse_env_message(data: bytes) -> pb.EnvMessage | Undecodable:
+    """gRPC's deserializer for EnvMessage: never raises."""
+    try:
+        return pb.EnvMessage.FromString(data)
+    except Exception as error:  # DecodeError, RecursionError (deep nesting), ...
+        return Undecodable(error)
+
+
+def check_decoded(message: pb.EnvMessage | Undecodable) -> pb.EnvMessage:
+    if isinstance(message, Undecodable):
+        raise ProtocolError(f"a message could not be parsed as an EnvMessage ({message.error})")
+    return message
+
+
 def read_hello(message: pb.EnvMessage) -> tuple[str, EnvSpec, int]:
     """The client id, env spec and number of envs of a stream's first message."""
+    message = check_decoded(message)
     if message.WhichOneof("kind") != "hello":
         raise ProtocolError("the first message of a stream must be a Hello")
     hello = message.hello
@@ -113,12 +139,16 @@ def read_hello(message: pb.EnvMessage) -> tuple[str, EnvSpec, int]:
         raise ProtocolError(f"observation shape {list(shape)} has a size below 1")
     if not 1 <= hello.num_envs <= MAX_ENVS_PER_STREAM:
         raise ProtocolError(f"num_envs {hello.num_envs} is not in [1, {MAX_ENVS_PER_STREAM}]")
+    if math.prod(shape) > MAX_OBSERVATION_ELEMENTS:
+        raise ProtocolError(
+            f"observation shape {list(shape)} has more than {MAX_OBSERVATION_ELEMENTS} elements"
+        )
     if hello.num_envs * math.prod(shape) * dtype.itemsize > MAX_OBSERVATION_BYTES:
         raise ProtocolError(
             f"{hello.num_envs} observations of shape {list(shape)} are too large for one message"
         )
-    if hello.num_actions <= 0:
-        raise ProtocolError(f"num_actions {hello.num_actions} must be positive")
+    if not 1 <= hello.num_actions <= MAX_NUM_ACTIONS:
+        raise ProtocolError(f"num_actions {hello.num_actions} is not in [1, {MAX_NUM_ACTIONS}]")
     if not (0 < len(hello.client_id) <= 200 and hello.client_id.isprintable()):
         raise ProtocolError("a Hello's client_id must be 1 to 200 printable characters")
     if not (0 < len(hello.env_id) <= 200 and hello.env_id.isprintable()):
@@ -168,6 +198,7 @@ def read_step(
 
     The observation is a read-only view of the message's bytes.
     """
+    message = check_decoded(message)
     size = message.ByteSize()
     if size > size_limit:
         raise ProtocolError(f"a message of {size} bytes exceeds the limit of {size_limit}")

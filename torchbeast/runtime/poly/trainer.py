@@ -6,16 +6,26 @@ import argparse
 import logging
 import math
 import os
+import tempfile
 
 import torch
 from torch import nn
 
+from torchbeast import envs
+from torchbeast.core import checkpoint
 from torchbeast.core import flags as core_flags
 from torchbeast.core.filewriter import setup_console_logging
-from torchbeast.core.flags import make_parser, nonnegative_float, nonnegative_int, positive_int
+from torchbeast.core.flags import (
+    make_parser,
+    nonnegative_float,
+    positive_float,
+    positive_int,
+)
+from torchbeast.core.spec import EnvSpec
 from torchbeast.envs.riverraid import PROXY_FLAGS
 from torchbeast.runtime.poly import network
 from torchbeast.runtime.poly.actor_pool import PolyActorPool
+from torchbeast.runtime.poly.env_flags import make_env_parser
 from torchbeast.runtime.training import Trainer
 
 log = logging.getLogger("torchbeast")
@@ -38,6 +48,21 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
         default=256,
         type=positive_int,
         help="(new) Inverted mode: most env clients connected at once.",
+    )
+    add(
+        "--stream_timeout_s",
+        default=60.0,
+        type=positive_float,
+        help="(new) Close an env stream that sends no Step for this long (a client must "
+        "also send its Hello within 10 s).",
+    )
+    add(
+        "--stream_memory_mb",
+        default=None,
+        type=positive_int,
+        metavar="MIB",
+        help="(new) Most memory all env streams' rollout buffers may take; a stream that "
+        "would exceed it is refused (default: a quarter of this machine's memory).",
     )
     add(
         "--max_learner_queue_size",
@@ -67,64 +92,18 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_env_flags(parser: argparse.ArgumentParser) -> None:
-    """polybeast_env's flags."""
-    network.add_network_flags(parser)
-    add = parser.add_argument
-    add("--env", type=str, default="PongNoFrameskip-v4", help="Gymnasium environment id.")
-    add("--seed", type=nonnegative_int, default=None, help="(new) Seed for the environments.")
-    add(
-        "--connect",
-        default=None,
-        metavar="ADDRESS",
-        help="(new) Inverted mode: dial the learner at ADDRESS (its --serve) instead of serving.",
-    )
-    add(
-        "--clients_per_process",
-        default=1,
-        type=positive_int,
-        help="(new) Inverted mode: env clients (streams) per process.",
-    )
-    add(
-        "--envs_per_stream",
-        default=1,
-        type=positive_int,
-        help="(new) Environments one stream steps together (a vectorised env, batched "
-        "messages: less gRPC overhead per step).",
-    )
-    add(
-        "--client_steps",
-        default=0,
-        type=nonnegative_int,
-        help="(new) Inverted mode: a client leaves after this many steps (0: stays).",
-    )
-    add(
-        "--max_streams",
-        default=256,
-        type=positive_int,
-        help="(new) Classic mode: most streams one env server serves at once.",
-    )
-    core_flags.add_env_side_flags(parser)
-
-
 def make_learner_parser(description: str) -> argparse.ArgumentParser:
     parser = make_parser(description)
     add_learner_flags(parser)
     return parser
 
 
-def make_env_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="PolyBeast env servers (or, with --connect, env clients).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    add_env_flags(parser)
-    return parser
-
-
 def finish_learner_flags(flags: argparse.Namespace) -> None:
     if flags.max_learner_queue_size is None:
         flags.max_learner_queue_size = flags.batch_size
+    if flags.stream_memory_mb is None:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        flags.stream_memory_mb = memory // 4 >> 20
 
 
 def env_flags(flags: argparse.Namespace) -> argparse.Namespace:
@@ -151,7 +130,7 @@ class PolyTrainer(Trainer):
     """Training on rollouts that env streams deliver to ``pool``."""
 
     def __init__(self, flags: argparse.Namespace, pool: PolyActorPool):
-        super().__init__(flags, pool.wait_for_spec())
+        super().__init__(flags, pool.spec or pool.wait_for_spec())
         self.flags.env = self.env_spec.env_id  # as the environments said, for checkpoints
         self.poly_pool = pool
 
@@ -173,6 +152,31 @@ def limit_intra_op_threads(flags: argparse.Namespace) -> None:
     log.info("PyTorch uses %d thread(s) per op on the learner's CPU.", threads)
 
 
+def learner_spec(flags: argparse.Namespace) -> EnvSpec | None:
+    """The environment the run trains on, derived by the learner itself from ``--env`` or
+    from the checkpoint it resumes: env streams that present another are refused. None when
+    the learner was told nothing: then the first env stream decides."""
+    if flags.env:
+        return envs.env_spec(flags)  # an unknown --env is one error line, at start-up
+    path = os.path.join(flags.savedir, flags.xpid, "model.tar")
+    if not os.path.exists(path):
+        return None
+    state = checkpoint.load(path)
+    if "env" not in state:
+        raise checkpoint.CheckpointError(f"{path} is not a torchbeast checkpoint (no env)")
+    flags.env = state["env"]
+    log.info("Resuming %s: the environment is %s, as in its checkpoint.", flags.xpid, flags.env)
+    return checkpoint.saved_spec(state) or envs.env_spec(flags)
+
+
+def check_run_dir(flags: argparse.Namespace) -> None:
+    """An unwritable --savedir is an error now, not once the first client connects."""
+    run_dir = os.path.join(flags.savedir, flags.xpid)
+    os.makedirs(run_dir, exist_ok=True)
+    with tempfile.TemporaryFile(dir=run_dir):
+        pass
+
+
 def train(flags: argparse.Namespace, env_processes: list | None = None) -> dict:
     """Starts the network side, waits for the first environment, then trains.
 
@@ -180,8 +184,10 @@ def train(flags: argparse.Namespace, env_processes: list | None = None) -> dict:
     """
     setup_console_logging()
     finish_learner_flags(flags)
+    check_run_dir(flags)
+    spec = learner_spec(flags)
     limit_intra_op_threads(flags)
-    pool = PolyActorPool(flags, env_processes)
+    pool = PolyActorPool(flags, env_processes, spec)
     try:
         pool.listen()
         return PolyTrainer(flags, pool).train()

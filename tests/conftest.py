@@ -1,0 +1,47 @@
+"""Fixtures shared by the PolyBeast tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def sockets():
+    """A short folder for Unix sockets (their paths are limited to ~100 characters)."""
+    folder = tempfile.mkdtemp(prefix="pb", dir="/tmp")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def processes():
+    """Starts modules in their own process groups; kills what is left at the end."""
+    started: list[subprocess.Popen] = []
+
+    def start(module: str, *args: str, log: str, env: dict | None = None) -> subprocess.Popen:
+        out = open(log, "w")  # noqa: SIM115 (the process owns it)
+        process = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -1,0 +1,404 @@
+"""PolyBeast against hostile or broken peers: one peer can cost only its own stream.
+
+Each test runs a real learner process on a Unix socket and does what an attacker or a
+misconfigured client does, with a gRPC client written here from the proto, then checks that
+training goes on (or that the learner stops with one line) and that nothing saved is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from tests.test_monobeast import read_rows
+from tests.test_polybeast import (
+    CARTPOLE,
+    ENV,
+    LEARNER,
+    REPO,
+    bad_stream,
+    logged_steps,
+    step_of,
+    text,
+    wait_for,
+)
+from torchbeast.core.models import create_model, model_config
+from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime.poly import codec, trainer
+from torchbeast.runtime.poly import polybeast_pb2 as pb
+from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
+from torchbeast.runtime.poly.actor_pool import PolyActorPool
+from torchbeast.runtime.poly.batching import Failed
+
+PONG = EnvSpec("PongNoFrameskip-v4", (4, 84, 84), np.dtype("uint8"), 6)
+
+
+def start_learner(processes, tmp_path, address, *extra, total_steps=3000, name="learner"):
+    log = tmp_path / f"{name}.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--total_steps",
+        str(total_steps), "--savedir", str(tmp_path), "--xpid", "r", *extra, log=log,
+    )  # fmt: skip
+    return learner, log
+
+
+def start_client(processes, tmp_path, address, *extra):
+    return processes(
+        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1", *extra,
+        log=tmp_path / "client.log",
+    )  # fmt: skip
+
+
+def playing_stream(address: str, spec: EnvSpec, make_step, steps: int) -> grpc.RpcError | None:
+    """A client that answers every Action with ``make_step(t)`` for ``steps`` steps; returns
+    the error the learner closed its stream with (None if it never did)."""
+    outgoing: queue.Queue = queue.Queue()
+    outgoing.put(codec.hello("hostile", spec))
+    outgoing.put(make_step(0))
+    with grpc.insecure_channel(address) as channel:
+        call = pb_grpc.LearnerStub(channel).ConnectEnv(iter(outgoing.get, None), timeout=120)
+        try:
+            for t, _action in enumerate(call, start=1):
+                if t >= steps:
+                    break
+                outgoing.put(make_step(t))
+        except grpc.RpcError as error:
+            return error
+        finally:
+            outgoing.put(None)
+    return None
+
+
+def cartpole_step(observation, reward: float = 0.0) -> pb.EnvMessage:
+    message = step_of(np.asarray(observation, np.float32).reshape(1, 4))
+    message.step.reward[0] = reward
+    return message
+
+
+# --------------------------------------------------------------------------- 1. extreme values
+
+
+def test_inference_rows_that_come_out_non_finite_fail_only_their_own_stream(tmp_path):
+    flags = trainer.make_learner_parser("").parse_args([*LEARNER])
+    trainer.finish_learner_flags(flags)
+    pool = PolyActorPool(flags, spec=CARTPOLE)
+    config = model_config(flags, CARTPOLE.observation_shape)
+    pool.attach(create_model(config, (4,), 2), config, str(tmp_path))
+
+    def request(observation: list[float]):
+        inputs = dict(
+            frame=torch.tensor([[observation]]),
+            reward=torch.zeros(1, 1),
+            done=torch.zeros(1, 1, dtype=torch.bool),
+            last_action=torch.zeros(1, 1, dtype=torch.int64),
+        )
+        return inputs, ()
+
+    try:
+        good, bad, also_good = pool._infer(
+            [request([0.1] * 4), request([float("nan")] * 4), request([0.2] * 4)]
+        )
+    finally:
+        pool.stop()
+    assert isinstance(bad, Failed) and "non-finite outputs" in str(bad.error)
+    for result in (good, also_good):
+        outputs, _ = result
+        assert outputs["action"].shape == (1,) and 0 <= int(outputs["action"][0]) < 2
+        assert torch.isfinite(outputs["policy_logits"]).all()
+
+
+def test_finite_but_huge_observations_cost_their_stream_not_the_run(tmp_path, processes, sockets):
+    address = f"unix:{sockets}/learner"
+    learner, log = start_learner(processes, tmp_path, address)
+    start_client(processes, tmp_path, address)
+    wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training to start")
+    # Every sign pattern of the largest float32: each overflows some weights' sums.
+    patterns = [[3.4e38 * (1 - 2 * (i >> bit & 1)) for bit in range(4)] for i in range(16)]
+    error = playing_stream(address, CARTPOLE, lambda t: cartpole_step(patterns[t % 16]), 200)
+    assert error is not None, "the learner never closed the stream"
+    assert learner.wait(timeout=120) == 0, text(log)
+    assert logged_steps(tmp_path / "r")[-1] >= 3000
+    output = text(log)
+    # Closed at inference (ABORTED) or, if its outputs stayed finite, when its rollout
+    # made the loss non-finite (the learner cancels the stream).
+    assert "non-finite outputs" in output or "Closed the streams of hostile" in output
+    assert "Traceback" not in output
+
+
+def test_rollouts_that_make_the_loss_non_finite_are_dropped_and_their_stream_closed(
+    tmp_path, processes, sockets
+):
+    address = f"unix:{sockets}/learner"
+    learner, log = start_learner(processes, tmp_path, address, "--reward_clipping", "none")
+    start_client(processes, tmp_path, address)
+    wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training to start")
+    # Plays well-formed CartPole steps with a finite reward that no loss can square.
+    error = playing_stream(
+        address, CARTPOLE, lambda t: cartpole_step([0.0] * 4, reward=3e38), steps=2000
+    )
+    assert error is not None, "the learner never closed the stream"
+    assert learner.wait(timeout=120) == 0, text(log)
+    output = text(log)
+    assert "Dropped a batch" in output and "hostile/0" in output
+    assert "Closed the streams of hostile" in output
+    assert logged_steps(tmp_path / "r")[-1] >= 3000
+    assert all(np.isfinite(float(row["total_loss"])) for row in read_rows(tmp_path / "r/logs.csv"))
+
+
+# --------------------------------------------------------------------------- 2, 3. the spec
+
+
+def test_a_learner_told_its_env_refuses_a_first_hello_that_disagrees(tmp_path, processes, sockets):
+    address = f"unix:{sockets}/learner"
+    learner, log = start_learner(processes, tmp_path, address)
+    wait_for(lambda: os.path.exists(f"{sockets}/learner"), 60, "the learner to listen")
+    liar = EnvSpec("CartPole-v1", (5,), np.dtype("float32"), 3)  # the first to connect
+    refusals = {
+        "liar": bad_stream(address, [codec.hello("liar", liar)], token=None),
+        "huge actions": bad_stream(
+            address, [codec.hello("x", EnvSpec("CartPole-v1", (4,), np.float32, 2**31 - 1))], None
+        ),
+    }
+    assert refusals["liar"].code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "CartPole-v1 (float32 [5], 3 actions)" in refusals["liar"].details()
+    assert "the run's CartPole-v1 (float32 [4], 2 actions)" in refusals["liar"].details()
+    assert refusals["huge actions"].code() == grpc.StatusCode.INVALID_ARGUMENT
+    start_client(processes, tmp_path, address)  # the real ones are let in
+    assert learner.wait(timeout=120) == 0, text(log)
+    assert "decides" not in text(log)
+
+
+def test_a_learner_told_nothing_takes_the_first_hello_and_says_so(tmp_path, processes, sockets):
+    address = f"unix:{sockets}/learner"
+    log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", *LEARNER[2:], "--serve", address, "--total_steps",
+        "400", "--savedir", str(tmp_path), "--xpid", "r", log=log,
+    )  # fmt: skip
+    start_client(processes, tmp_path, address)
+    assert learner.wait(timeout=120) == 0, text(log)
+    assert "not told the environment (--env), so the first one to connect decides" in text(log)
+
+
+def test_a_resumed_learner_refuses_peers_of_another_spec_and_keeps_its_checkpoint(
+    tmp_path, processes, sockets
+):
+    address = f"unix:{sockets}/learner"
+    first, log = start_learner(processes, tmp_path, address, total_steps=200, name="first")
+    start_client(processes, tmp_path, address, "--client_steps", "400")
+    assert first.wait(timeout=120) == 0, text(log)
+    checkpoint = tmp_path / "r" / "model.tar"
+    saved = checkpoint.read_bytes()
+    # Resumed without --env: the checkpoint says what the run is.
+    second_log = tmp_path / "second.log"
+    second = processes(
+        "torchbeast.polybeast_learner", *LEARNER[2:], "--serve", address, "--total_steps",
+        "600", "--savedir", str(tmp_path), "--xpid", "r", log=second_log,
+    )  # fmt: skip
+    wait_for(lambda: "Resuming r" in text(second_log), 60, "the learner to read its checkpoint")
+    other = EnvSpec("CartPole-v1", (4,), np.dtype("float32"), 3)
+    error = bad_stream(address, [codec.hello("other", other)], token=None)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "(float32 [4], 3 actions) does not match" in error.details()
+    assert checkpoint.read_bytes() == saved
+    start_client(processes, tmp_path, address)
+    assert second.wait(timeout=120) == 0, text(second_log)
+    assert "Traceback" not in text(second_log)
+    assert logged_steps(tmp_path / "r")[-1] >= 600
+
+
+# --------------------------------------------------------------------------- 4. memory, idle
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_bare_hellos_cost_the_learner_no_memory(tmp_path, processes, sockets):
+    address = f"unix:{sockets}/learner"
+    log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", "--env", "PongNoFrameskip-v4", "--disable_cuda",
+        "--serve", address, "--savedir", str(tmp_path), "--xpid", "r", log=log,
+    )  # fmt: skip
+    wait_for(lambda: "may take at most" in text(log), 90, "the learner to start")
+    time.sleep(2)
+    before = rss_mib(learner.pid)
+    channels, calls = [], []
+    for i in range(8):  # each announces 128 Pong envs: 281 MiB of buffers if allocated
+        requests: queue.Queue = queue.Queue()
+        requests.put(codec.hello(f"bare-{i}", PONG, 128))
+        channel = grpc.insecure_channel(address)
+        calls.append(pb_grpc.LearnerStub(channel).ConnectEnv(iter(requests.get, None)))
+        channels.append((channel, requests))
+    wait_for(lambda: text(log).count("connected (128 envs)") == 8, 30, "the Hellos to arrive")
+    after = rss_mib(learner.pid)
+    assert after - before < 50, (before, after)
+    for channel, requests in channels:
+        requests.put(None)
+        channel.close()
+    learner.terminate()
+    learner.wait(timeout=60)
+
+
+def test_a_stream_over_the_memory_budget_is_refused(tmp_path, processes, sockets):
+    address = f"unix:{sockets}/learner"
+    log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", "--env", "PongNoFrameskip-v4", "--disable_cuda",
+        "--serve", address, "--savedir", str(tmp_path), "--xpid", "r",
+        "--stream_memory_mb", "4", log=log,
+    )  # fmt: skip
+    wait_for(lambda: "at most 4 MiB (--stream_memory_mb)" in text(log), 90, "the learner")
+    frames = np.zeros((64, *PONG.observation_shape), np.uint8)
+    step = pb.EnvMessage(
+        step=pb.Step(
+            observation=pb.ArrayNest(array=codec.encode_array(frames)),
+            **{name: [0] * 64 for name in codec.STEP_FIELDS},
+        )
+    )
+    error = bad_stream(address, [codec.hello("greedy", PONG, 64), step], token=None)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--stream_memory_mb" in error.details()
+    assert learner.poll() is None
+    learner.terminate()
+    learner.wait(timeout=60)
+
+
+def test_idle_streams_are_closed_and_free_their_slot(tmp_path, processes, sockets):
+    address = f"unix:{sockets}/learner"
+    learner, log = start_learner(
+        processes, tmp_path, address, "--max_clients", "2", "--stream_timeout_s", "2",
+        total_steps=100_000,
+    )  # fmt: skip
+    wait_for(lambda: os.path.exists(f"{sockets}/learner"), 60, "the learner to listen")
+    silent: queue.Queue = queue.Queue()  # connects, says nothing
+    idle: queue.Queue = queue.Queue()  # a Hello and a first Step, then nothing
+    idle.put(codec.hello("idle", CARTPOLE))
+    idle.put(cartpole_step([0.0] * 4))
+    errors: dict[str, grpc.RpcError] = {}
+
+    def hold(name: str, requests: queue.Queue) -> None:
+        with grpc.insecure_channel(address) as channel:
+            call = pb_grpc.LearnerStub(channel).ConnectEnv(iter(requests.get, None), timeout=60)
+            try:
+                for _ in call:
+                    pass
+            except grpc.RpcError as error:
+                errors[name] = error
+
+    threads = [
+        threading.Thread(target=hold, args=("silent", silent)),
+        threading.Thread(target=hold, args=("idle", idle)),
+    ]
+    start = time.monotonic()
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    start_client(processes, tmp_path, address)  # the third stream: waits for a slot
+    for thread in threads:
+        thread.join(timeout=40)
+    assert set(errors) == {"silent", "idle"}, errors
+    assert time.monotonic() - start < 20  # the Hello timeout is 10 s, the Step one 2 s
+    output = text(log)
+    assert "sent no Hello within 10 s" in output
+    assert "sent no Step for 2 s" in output
+    # The client that waited for a slot got one and trains.
+    steps = len(logged_steps(tmp_path / "r"))
+    wait_for(lambda: len(logged_steps(tmp_path / "r")) > steps + 5, 60, "training to go on")
+    assert learner.poll() is None
+    learner.terminate()
+    assert learner.wait(timeout=60) == 0, text(log)
+
+
+# --------------------------------------------------------------------------- 7. start-up errors
+
+
+def test_an_unknown_env_stops_the_serving_learner_at_once_with_one_line(tmp_path, sockets):
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast_learner", "--env", "NoSuchEnv-v0",
+         "--serve", f"unix:{sockets}/learner", "--savedir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "NoSuchEnv-v0" in lines[0], result.stderr
+
+
+def test_an_unwritable_savedir_stops_the_learner_before_any_client(tmp_path, sockets):
+    blocker = tmp_path / "a-file"  # a --savedir below a file cannot be made, even by root
+    blocker.write_text("")
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast_learner", *LEARNER,
+         "--serve", f"unix:{sockets}/learner", "--savedir", str(blocker / "runs")],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Not a directory" in lines[0], result.stderr
+    assert not os.path.exists(f"{sockets}/learner")  # it never listened
+
+
+# --------------------------------------------------------------------------- 8. quiet failures
+
+
+def raw_stream(address: str, payloads: list[bytes]) -> grpc.RpcError:
+    """Sends bytes that need not be a protobuf message at all."""
+    with grpc.insecure_channel(address) as channel:
+        connect = channel.stream_stream(
+            "/torchbeast.polybeast.Learner/ConnectEnv",
+            request_serializer=lambda data: data,
+            response_deserializer=pb.Action.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as error:
+            list(connect(iter(payloads), timeout=30))
+    return error.value
+
+
+def nested(depth: int) -> bytes:
+    """A Step whose observation is an ArrayNest nested ``depth`` deep, as raw bytes."""
+
+    def length_delimited(field: int, payload: bytes) -> bytes:
+        size, varint = len(payload), b""
+        while True:
+            byte, size = size & 0x7F, size >> 7
+            varint += bytes([byte | (0x80 if size else 0)])
+            if not size:
+                break
+        return bytes([field << 3 | 2]) + varint + payload
+
+    nest = b""
+    for _ in range(depth):
+        nest = length_delimited(2, nest)  # ArrayNest.vector
+    step = length_delimited(1, nest)  # Step.observation
+    return length_delimited(2, step)  # EnvMessage.step
+
+
+def test_messages_that_do_not_parse_are_refused_and_logged(tmp_path, processes, sockets):
+    assert pb.ArrayNest.DESCRIPTOR.fields_by_name["vector"].number == 2
+    address = f"unix:{sockets}/learner"
+    learner, log = start_learner(processes, tmp_path, address)
+    wait_for(lambda: os.path.exists(f"{sockets}/learner"), 60, "the learner to listen")
+    hello = codec.hello("client", CARTPOLE).SerializeToString()
+    garbage = {
+        "random bytes": raw_stream(address, [b"\xff" * 10 + b"\x01"]),
+        "nested 150 deep": raw_stream(address, [hello, nested(150)]),
+    }
+    codes = {name: error.code() for name, error in garbage.items()}
+    assert set(codes.values()) == {grpc.StatusCode.INVALID_ARGUMENT}, garbage
+    wait_for(lambda: text(log).count("could not be parsed") == 2, 10, "both refusals logged")
+    start_client(processes, tmp_path, address)
+    assert learner.wait(timeout=120) == 0, text(log)
