@@ -290,25 +290,26 @@ class PolyActorPool:
         with self.inference_lock, torch.inference_mode():
             outputs, core_state = self.inference_model(inputs, core_state, act=False)
         logits = outputs["policy_logits"][0]  # [N, A]
-        finite = torch.isfinite(logits).all(dim=1) & torch.isfinite(outputs["baseline"][0])
-        probabilities = torch.softmax(torch.where(finite[:, None], logits, 0.0), dim=1)
+        # One reduction per row: a non-finite logit or baseline makes the sum non-finite.
+        finite = torch.isfinite(logits.sum(dim=1) + outputs["baseline"][0])  # [N]
+        all_finite = bool(finite.all())
+        if not all_finite:  # rare: sample the good rows; the others fail their stream
+            logits = torch.where(finite[:, None], logits, 0.0)
+        probabilities = torch.softmax(logits, dim=1)
         outputs["action"] = torch.multinomial(probabilities, num_samples=1).view(1, -1)
         outputs = {key: value.cpu() for key, value in outputs.items()}  # [1, N, ...]
         core_state = tuple(s.cpu() for s in core_state)  # [layers, N, H]
-        finite = finite.cpu()
+        row_finite = None if all_finite else finite.tolist()
         results: list = []
         start = 0
         for request in requests:
             end = start + request[0]["frame"].shape[1]
-            if not finite[start:end].all():
-                results.append(
-                    Failed(
-                        StreamClosed(
-                            "inference on its observations gave non-finite outputs "
-                            "(are its values too large?)"
-                        )
-                    )
+            if row_finite is not None and not all(row_finite[start:end]):
+                error = StreamClosed(
+                    "inference on its observations gave non-finite outputs "
+                    "(are its values too large?)"
                 )
+                results.append(Failed(error))
             else:
                 results.append(
                     (
