@@ -287,9 +287,11 @@ def test_a_signal_to_the_process_group_saves_a_checkpoint_and_stops_ray(tmp_path
 
 def test_riverraid_proxy_statistics_and_eval_mode(tmp_path, ray_cluster):
     run = ["--env", "RiverraidNoFrameskip-v4", "--hidden_size", "64", "--fuel_multiplier", "0"]
+    # 2 envs per actor (not 4): each plays 2,000 steps, long enough for a random game of
+    # Riverraid to end (with 4 envs of 1,250 steps each, none sometimes did).
     trained = raybeast(
-        tmp_path, *SMALL_RUN[2:], *run, "--ray_address", ray_cluster, "--total_steps", "5000",
-        "--xpid", "run",
+        tmp_path, *SMALL_RUN[2:], "--envs_per_actor", "2", *run, "--ray_address", ray_cluster,
+        "--total_steps", "8000", "--xpid", "run",
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr
     assert_fuel_proxy_logged(tmp_path / "run", fuel_multiplier=0)
