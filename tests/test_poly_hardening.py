@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -58,11 +61,13 @@ def start_client(processes, tmp_path, address, *extra):
     )  # fmt: skip
 
 
-def playing_stream(address: str, spec: EnvSpec, make_step, steps: int) -> grpc.RpcError | None:
+def playing_stream(
+    address: str, spec: EnvSpec, make_step, steps: int, client_id: str
+) -> grpc.RpcError | None:
     """A client that answers every Action with ``make_step(t)`` for ``steps`` steps; returns
     the error the learner closed its stream with (None if it never did)."""
     outgoing: queue.Queue = queue.Queue()
-    outgoing.put(codec.hello("hostile", spec))
+    outgoing.put(codec.hello(client_id, spec))
     outgoing.put(make_step(0))
     with grpc.insecure_channel(address) as channel:
         call = pb_grpc.LearnerStub(channel).ConnectEnv(iter(outgoing.get, None), timeout=120)
@@ -116,67 +121,6 @@ def test_inference_rows_that_come_out_non_finite_fail_only_their_own_stream(tmp_
         assert torch.isfinite(outputs["policy_logits"]).all()
 
 
-def test_finite_but_huge_observations_cost_their_stream_not_the_run(tmp_path, processes, sockets):
-    address = f"unix:{sockets}/learner"
-    learner, log = start_learner(processes, tmp_path, address)
-    start_client(processes, tmp_path, address)
-    wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training to start")
-    # Every sign pattern of the largest float32: each overflows some weights' sums.
-    patterns = [[3.4e38 * (1 - 2 * (i >> bit & 1)) for bit in range(4)] for i in range(16)]
-    error = playing_stream(address, CARTPOLE, lambda t: cartpole_step(patterns[t % 16]), 200)
-    assert error is not None, "the learner never closed the stream"
-    assert learner.wait(timeout=120) == 0, text(log)
-    assert logged_steps(tmp_path / "r")[-1] >= 3000
-    output = text(log)
-    # Closed at inference (ABORTED) or, if its outputs stayed finite, when its rollout
-    # made the loss non-finite (the learner cancels the stream).
-    assert "non-finite outputs" in output or "Closed the streams of hostile" in output
-    assert "Traceback" not in output
-
-
-def test_rollouts_that_make_the_loss_non_finite_are_dropped_and_their_stream_closed(
-    tmp_path, processes, sockets
-):
-    address = f"unix:{sockets}/learner"
-    learner, log = start_learner(processes, tmp_path, address, "--reward_clipping", "none")
-    start_client(processes, tmp_path, address)
-    wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training to start")
-    # Plays well-formed CartPole steps with a finite reward that no loss can square.
-    error = playing_stream(
-        address, CARTPOLE, lambda t: cartpole_step([0.0] * 4, reward=3e38), steps=2000
-    )
-    assert error is not None, "the learner never closed the stream"
-    assert learner.wait(timeout=120) == 0, text(log)
-    output = text(log)
-    assert "Dropped a batch" in output and "hostile/0" in output
-    assert "Closed the streams of hostile" in output
-    assert logged_steps(tmp_path / "r")[-1] >= 3000
-    assert all(np.isfinite(float(row["total_loss"])) for row in read_rows(tmp_path / "r/logs.csv"))
-
-
-# --------------------------------------------------------------------------- 2, 3. the spec
-
-
-def test_a_learner_told_its_env_refuses_a_first_hello_that_disagrees(tmp_path, processes, sockets):
-    address = f"unix:{sockets}/learner"
-    learner, log = start_learner(processes, tmp_path, address)
-    wait_for(lambda: os.path.exists(f"{sockets}/learner"), 60, "the learner to listen")
-    liar = EnvSpec("CartPole-v1", (5,), np.dtype("float32"), 3)  # the first to connect
-    refusals = {
-        "liar": bad_stream(address, [codec.hello("liar", liar)], token=None),
-        "huge actions": bad_stream(
-            address, [codec.hello("x", EnvSpec("CartPole-v1", (4,), np.float32, 2**31 - 1))], None
-        ),
-    }
-    assert refusals["liar"].code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "CartPole-v1 (float32 [5], 3 actions)" in refusals["liar"].details()
-    assert "the run's CartPole-v1 (float32 [4], 2 actions)" in refusals["liar"].details()
-    assert refusals["huge actions"].code() == grpc.StatusCode.INVALID_ARGUMENT
-    start_client(processes, tmp_path, address)  # the real ones are let in
-    assert learner.wait(timeout=120) == 0, text(log)
-    assert "decides" not in text(log)
-
-
 def test_a_learner_told_nothing_takes_the_first_hello_and_says_so(tmp_path, processes, sockets):
     address = f"unix:{sockets}/learner"
     log = tmp_path / "learner.log"
@@ -225,57 +169,6 @@ def rss_mib(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS")
-
-
-def test_bare_hellos_cost_the_learner_no_memory(tmp_path, processes, sockets):
-    address = f"unix:{sockets}/learner"
-    log = tmp_path / "learner.log"
-    learner = processes(
-        "torchbeast.polybeast_learner", "--env", "PongNoFrameskip-v4", "--disable_cuda",
-        "--serve", address, "--savedir", str(tmp_path), "--xpid", "r", log=log,
-    )  # fmt: skip
-    wait_for(lambda: "may take at most" in text(log), 90, "the learner to start")
-    time.sleep(2)
-    before = rss_mib(learner.pid)
-    channels, calls = [], []
-    for i in range(8):  # each announces 128 Pong envs: 281 MiB of buffers if allocated
-        requests: queue.Queue = queue.Queue()
-        requests.put(codec.hello(f"bare-{i}", PONG, 128))
-        channel = grpc.insecure_channel(address)
-        calls.append(pb_grpc.LearnerStub(channel).ConnectEnv(iter(requests.get, None)))
-        channels.append((channel, requests))
-    wait_for(lambda: text(log).count("connected (128 envs)") == 8, 30, "the Hellos to arrive")
-    after = rss_mib(learner.pid)
-    assert after - before < 50, (before, after)
-    for channel, requests in channels:
-        requests.put(None)
-        channel.close()
-    learner.terminate()
-    learner.wait(timeout=60)
-
-
-def test_a_stream_over_the_memory_budget_is_refused(tmp_path, processes, sockets):
-    address = f"unix:{sockets}/learner"
-    log = tmp_path / "learner.log"
-    learner = processes(
-        "torchbeast.polybeast_learner", "--env", "PongNoFrameskip-v4", "--disable_cuda",
-        "--serve", address, "--savedir", str(tmp_path), "--xpid", "r",
-        "--stream_memory_mb", "4", log=log,
-    )  # fmt: skip
-    wait_for(lambda: "at most 4 MiB (--stream_memory_mb)" in text(log), 90, "the learner")
-    frames = np.zeros((64, *PONG.observation_shape), np.uint8)
-    step = pb.EnvMessage(
-        step=pb.Step(
-            observation=pb.ArrayNest(array=codec.encode_array(frames)),
-            **{name: [0] * 64 for name in codec.STEP_FIELDS},
-        )
-    )
-    error = bad_stream(address, [codec.hello("greedy", PONG, 64), step], token=None)
-    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "--stream_memory_mb" in error.details()
-    assert learner.poll() is None
-    learner.terminate()
-    learner.wait(timeout=60)
 
 
 def test_idle_streams_are_closed_and_free_their_slot(tmp_path, processes, sockets):
@@ -387,11 +280,137 @@ def nested(depth: int) -> bytes:
     return length_delimited(2, step)  # EnvMessage.step
 
 
-def test_messages_that_do_not_parse_are_refused_and_logged(tmp_path, processes, sockets):
-    assert pb.ArrayNest.DESCRIPTOR.fields_by_name["vector"].number == 2
+# --------------------------------------------------------------------------- shared learners
+# Hostile streams take turns at one long-running learner per module (starting one costs
+# seconds); each test then checks that it still trains.
+
+
+class Running:
+    """A learner process serving on ``address``, its run folder and log."""
+
+    def __init__(self, address: str, folder, learner: subprocess.Popen):
+        self.address, self.folder, self.learner = address, folder, learner
+        self.log = folder / "learner.log"
+
+    def output(self) -> str:
+        return text(self.log)
+
+    def assert_still_trains(self) -> None:
+        steps = len(logged_steps(self.folder / "r"))
+        wait_for(lambda: len(logged_steps(self.folder / "r")) > steps + 3, 60, "training to go on")
+        assert self.learner.poll() is None
+        assert "Traceback" not in self.output()
+
+
+def spawn(module: str, *args: str, log) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args], cwd=REPO, stdout=open(log, "w"),  # noqa: SIM115
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+
+def stop(*started: subprocess.Popen) -> None:
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory):
+    """A CartPole learner (rewards not clipped) training with one good client."""
+    folder = tmp_path_factory.mktemp("cartpole")
+    sockets = tempfile.mkdtemp(prefix="pb", dir="/tmp")
     address = f"unix:{sockets}/learner"
-    learner, log = start_learner(processes, tmp_path, address)
-    wait_for(lambda: os.path.exists(f"{sockets}/learner"), 60, "the learner to listen")
+    learner = spawn(
+        "torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--reward_clipping",
+        "none", "--total_steps", "100000000", "--savedir", str(folder), "--xpid", "r",
+        log=folder / "learner.log",
+    )  # fmt: skip
+    client = spawn(
+        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
+        log=folder / "client.log",
+    )  # fmt: skip
+    try:
+        wait_for(lambda: logged_steps(folder / "r"), 90, "training to start")
+        yield Running(address, folder, learner)
+    finally:
+        stop(learner, client)
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pong_learner(tmp_path_factory):
+    """A Pong learner with a 4 MiB budget for streams, and no client."""
+    folder = tmp_path_factory.mktemp("pong")
+    sockets = tempfile.mkdtemp(prefix="pb", dir="/tmp")
+    address = f"unix:{sockets}/learner"
+    learner = spawn(
+        "torchbeast.polybeast_learner", "--env", "PongNoFrameskip-v4", "--disable_cuda",
+        "--serve", address, "--savedir", str(folder), "--xpid", "r", "--stream_memory_mb", "4",
+        log=folder / "learner.log",
+    )  # fmt: skip
+    try:
+        running = Running(address, folder, learner)
+        wait_for(lambda: "at most 4 MiB" in running.output(), 90, "the learner to start")
+        yield running
+    finally:
+        stop(learner)
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
+def test_finite_but_huge_observations_cost_their_stream_not_the_run(cartpole_run):
+    # Every sign pattern of the largest float32: each overflows some weights' sums.
+    patterns = [[3.4e38 * (1 - 2 * (i >> bit & 1)) for bit in range(4)] for i in range(16)]
+    error = playing_stream(
+        cartpole_run.address, CARTPOLE, lambda t: cartpole_step(patterns[t % 16]), 200, "huge"
+    )
+    assert error is not None, "the learner never closed the stream"
+    # Closed at inference (ABORTED) or, if its outputs stayed finite, when its rollout
+    # made the loss non-finite (the learner cancels the stream).
+    output = cartpole_run.output()
+    assert "non-finite outputs" in output or "Closed the streams of huge" in output
+    cartpole_run.assert_still_trains()
+
+
+def test_rollouts_that_make_the_loss_non_finite_are_dropped_and_their_stream_closed(
+    cartpole_run,
+):
+    # Plays well-formed CartPole steps with a finite reward that no loss can square.
+    error = playing_stream(
+        cartpole_run.address, CARTPOLE, lambda t: cartpole_step([0.0] * 4, reward=3e38), 2000,
+        "rich",
+    )  # fmt: skip
+    assert error is not None, "the learner never closed the stream"
+    wait_for(lambda: "Closed the streams of rich" in cartpole_run.output(), 10, "the warning")
+    assert "Dropped a batch" in cartpole_run.output()
+    cartpole_run.assert_still_trains()
+    rows = read_rows(cartpole_run.folder / "r" / "logs.csv")
+    assert all(np.isfinite(float(row["total_loss"])) for row in rows)
+
+
+def test_a_learner_told_its_env_refuses_a_hello_that_disagrees(cartpole_run):
+    liar = EnvSpec("CartPole-v1", (5,), np.dtype("float32"), 3)
+    error = bad_stream(cartpole_run.address, [codec.hello("liar", liar)], token=None)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "CartPole-v1 (float32 [5], 3 actions)" in error.details()
+    assert "the run's CartPole-v1 (float32 [4], 2 actions)" in error.details()
+    assert "decides" not in cartpole_run.output()  # told its env: no Hello decides it
+    cartpole_run.assert_still_trains()
+
+
+@pytest.mark.parametrize("num_actions", [1_000_000, 2**31 - 1])
+def test_a_hello_with_a_huge_action_count_is_refused(cartpole_run, num_actions):
+    spec = EnvSpec("CartPole-v1", (4,), np.dtype("float32"), num_actions)
+    error = bad_stream(cartpole_run.address, [codec.hello("greedy", spec)], token=None)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"num_actions {num_actions} is not in [1, 4096]" in error.details()
+    cartpole_run.assert_still_trains()
+
+
+def test_messages_that_do_not_parse_are_refused_and_logged(cartpole_run):
+    assert pb.ArrayNest.DESCRIPTOR.fields_by_name["vector"].number == 2
+    address = cartpole_run.address
     hello = codec.hello("client", CARTPOLE).SerializeToString()
     garbage = {
         "random bytes": raw_stream(address, [b"\xff" * 10 + b"\x01"]),
@@ -399,6 +418,38 @@ def test_messages_that_do_not_parse_are_refused_and_logged(tmp_path, processes, 
     }
     codes = {name: error.code() for name, error in garbage.items()}
     assert set(codes.values()) == {grpc.StatusCode.INVALID_ARGUMENT}, garbage
-    wait_for(lambda: text(log).count("could not be parsed") == 2, 10, "both refusals logged")
-    start_client(processes, tmp_path, address)
-    assert learner.wait(timeout=120) == 0, text(log)
+    wait_for(lambda: cartpole_run.output().count("could not be parsed") == 2, 10, "both logged")
+    cartpole_run.assert_still_trains()
+
+
+def test_bare_hellos_cost_the_learner_no_memory(pong_learner):
+    time.sleep(1)
+    before = rss_mib(pong_learner.learner.pid)
+    held = []
+    for i in range(8):  # each announces 128 Pong envs: 131 MiB of buffers if allocated
+        requests: queue.Queue = queue.Queue()
+        requests.put(codec.hello(f"bare-{i}", PONG, 128))
+        channel = grpc.insecure_channel(pong_learner.address)
+        held.append(
+            (channel, requests, pb_grpc.LearnerStub(channel).ConnectEnv(iter(requests.get, None)))
+        )
+    wait_for(lambda: pong_learner.output().count("connected (128 envs)") == 8, 30, "the Hellos")
+    after = rss_mib(pong_learner.learner.pid)
+    for channel, requests, _ in held:
+        requests.put(None)
+        channel.close()
+    assert after - before < 50, (before, after)
+
+
+def test_a_stream_over_the_memory_budget_is_refused(pong_learner):
+    frames = np.zeros((64, *PONG.observation_shape), np.uint8)
+    step = pb.EnvMessage(
+        step=pb.Step(
+            observation=pb.ArrayNest(array=codec.encode_array(frames)),
+            **{name: [0] * 64 for name in codec.STEP_FIELDS},
+        )
+    )
+    error = bad_stream(pong_learner.address, [codec.hello("big", PONG, 64), step], token=None)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--stream_memory_mb" in error.details()
+    assert pong_learner.learner.poll() is None
