@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import threading
 
 import gymnasium as gym
 import numpy as np
@@ -45,17 +46,24 @@ class EnvError(ValueError):
     """An environment id or space that torchbeast cannot run; the message says why."""
 
 
-def _register_optional_envs() -> None:
-    import ale_py
+_registering = threading.Lock()
 
-    gym.register_envs(ale_py)
-    cue.register()
-    try:
-        import minatar.gym
-    except ImportError:
-        return
-    if "MinAtar/Breakout-v1" not in gym.registry:
-        minatar.gym.register_envs()
+
+def _register_optional_envs() -> None:
+    # Under a lock: an env client process creates its envs from several threads at once,
+    # and gymnasium's registry is a plain dict (a concurrent registration raised
+    # "dictionary changed size during iteration" and stopped every client of the process).
+    with _registering:
+        import ale_py
+
+        gym.register_envs(ale_py)
+        cue.register()
+        try:
+            import minatar.gym
+        except ImportError:
+            return
+        if "MinAtar/Breakout-v1" not in gym.registry:
+            minatar.gym.register_envs()
 
 
 def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
