@@ -22,14 +22,10 @@ def sockets():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.fixture
-def processes():
-    """Starts modules in their own process groups; kills what is left at the end."""
-    started: list[subprocess.Popen] = []
-
-    def start(module: str, *args: str, log: str, env: dict | None = None) -> subprocess.Popen:
-        out = open(log, "w")  # noqa: SIM115 (the process owns it)
-        process = subprocess.Popen(
+def spawn(module: str, *args: str, log, env: dict | None = None) -> subprocess.Popen:
+    """``python -m module args`` in its own process group, output to ``log``."""
+    with open(log, "w") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
             [sys.executable, "-m", module, *args],
             cwd=REPO,
             stdout=out,
@@ -37,11 +33,24 @@ def processes():
             start_new_session=True,
             env={**os.environ, **(env or {})},
         )
-        started.append(process)
-        return process
 
-    yield start
+
+def kill_groups(started: list[subprocess.Popen]) -> None:
+    """Kills what is left of each process's group."""
     for process in started:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+@pytest.fixture
+def processes():
+    """Starts modules in their own process groups; kills what is left at the end."""
+    started: list[subprocess.Popen] = []
+
+    def start(module: str, *args: str, log: str, env: dict | None = None) -> subprocess.Popen:
+        started.append(spawn(module, *args, log=log, env=env))
+        return started[-1]
+
+    yield start
+    kill_groups(started)

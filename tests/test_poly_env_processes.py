@@ -16,6 +16,7 @@ import uuid
 
 import pytest
 
+from tests.conftest import spawn
 from tests.test_polybeast import ENV, LEARNER, REPO, wait_for
 
 MARKER = "TORCHBEAST_TEST_PROCESS_TREE"
@@ -84,15 +85,7 @@ def start_marked(tmp_path):
 
     def start(module: str, *args: str) -> tuple[subprocess.Popen, str]:
         marker = uuid.uuid4().hex
-        with open(tmp_path / f"{module}.log", "w") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", module, *args],
-                cwd=REPO,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, MARKER: marker},
-            )
+        process = spawn(module, *args, log=tmp_path / f"{module}.log", env={MARKER: marker})
         started.append(process)
         return process, marker
 

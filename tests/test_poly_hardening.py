@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import queue
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import kill_groups, spawn
 from tests.test_monobeast import read_rows
 from tests.test_polybeast import (
     CARTPOLE,
@@ -302,20 +302,6 @@ class Running:
         assert "Traceback" not in self.output()
 
 
-def spawn(module: str, *args: str, log) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", module, *args], cwd=REPO, stdout=open(log, "w"),  # noqa: SIM115
-        stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-
-
-def stop(*started: subprocess.Popen) -> None:
-    for process in started:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
 @pytest.fixture(scope="module")
 def cartpole_run(tmp_path_factory):
     """A CartPole learner (rewards not clipped) training with one good client."""
@@ -335,7 +321,7 @@ def cartpole_run(tmp_path_factory):
         wait_for(lambda: logged_steps(folder / "r"), 90, "training to start")
         yield Running(address, folder, learner)
     finally:
-        stop(learner, client)
+        kill_groups([learner, client])
         shutil.rmtree(sockets, ignore_errors=True)
 
 
@@ -355,7 +341,7 @@ def pong_learner(tmp_path_factory):
         wait_for(lambda: "at most 4 MiB" in running.output(), 90, "the learner to start")
         yield running
     finally:
-        stop(learner)
+        kill_groups([learner])
         shutil.rmtree(sockets, ignore_errors=True)
 
 
