@@ -290,6 +290,24 @@ def test_too_few_buffers_for_several_envs_per_actor_are_refused(capsys):
     assert "use --num_buffers 12 or more" in message
 
 
+def learner_parser(runtime: str):
+    if runtime == "poly":
+        from torchbeast.runtime.poly.trainer import make_learner_parser
+
+        return make_learner_parser("")
+    from torchbeast.raybeast import make_ray_parser
+
+    return make_ray_parser()
+
+
+@pytest.mark.parametrize("runtime", ["poly", "ray"])
+def test_runtimes_without_shared_memory_buffers_accept_any_num_buffers(runtime):
+    # Only MonoBeast keeps rollouts in --num_buffers buffers; the others ignore the flag.
+    argv = ["--xpid", "test", "--batch_size", "8", "--num_buffers", "4"]
+    parsed = flags.parse_flags(argv, learner_parser(runtime))
+    assert (parsed.batch_size, parsed.num_buffers) == (8, 4)
+
+
 @pytest.mark.parametrize("xpid", ["runs/example", "../example", "..", "a b"])
 def test_xpid_that_is_not_a_plain_folder_name_is_refused(capsys, xpid):
     assert "--xpid" in refusal(capsys, "--xpid", xpid)

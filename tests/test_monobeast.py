@@ -438,3 +438,13 @@ def test_resuming_with_another_optimizer_is_one_clear_error(tmp_path):
     assert first.returncode == 0, first.stderr
     again = [*SMALL_RUN, "--total_steps", "320", "--xpid", "run", "--optimizer", "adam"]
     assert_one_error_line(monobeast(tmp_path, *again), "--optimizer rmsprop, not adam")
+
+
+def test_monobeast_loads_neither_grpc_nor_ray():
+    # Errors a user can fix share one base class, so the CLI needs no runtime's module.
+    code = "import sys, torchbeast.monobeast; print(sorted({'grpc', 'ray'} & set(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

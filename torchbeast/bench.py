@@ -151,7 +151,7 @@ def run_poly(flags: argparse.Namespace, start_measuring, folder: str) -> Trainer
 
 def run_ray(flags: argparse.Namespace, start_measuring) -> Trainer:
     """A local Ray instance with ``num_actors`` Ray actors of ``envs_per_actor`` envs."""
-    flags.ray_address, flags.suppress_logs, flags.episodes_for_avg = None, False, 0
+    flags.ray_address = None
     raybeast.prepare_environment(flags)
     from torchbeast.runtime import ray_actors  # imports Ray: after prepare_environment
 

@@ -9,21 +9,12 @@ from collections.abc import Callable
 import gymnasium as gym
 import torch
 
-from torchbeast.core.checkpoint import CheckpointError
+from torchbeast.core.errors import UserError
 from torchbeast.core.flags import parse_flags
-from torchbeast.envs import EnvError
 from torchbeast.runtime import evaluation
-from torchbeast.runtime.poly.network import NetworkError
-from torchbeast.runtime.training import TrainingError
 
 # gym's DependencyNotInstalled: e.g. --mode test_render of CartPole without pygame.
-USER_ERRORS = (
-    EnvError,
-    CheckpointError,
-    TrainingError,
-    NetworkError,
-    gym.error.DependencyNotInstalled,
-)
+USER_ERRORS = (UserError, gym.error.DependencyNotInstalled)
 
 
 def report_errors(body: Callable[[], object]) -> int:

@@ -14,34 +14,19 @@ import sys
 
 from torchbeast.cli import run
 from torchbeast.core import flags as core_flags
-from torchbeast.core.flags import make_parser, nonnegative_int
+from torchbeast.core.flags import make_parser
 from torchbeast.runtime.training import TrainingError
 
 REACH_TIMEOUT_S = 5.0
 
 
 def add_ray_flags(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add(
+    parser.add_argument(
         "--ray_address",
         default=None,
         metavar="ADDRESS",
         help="(new) A running Ray cluster to join: host:port of its head, or auto "
         "(default: start a local Ray instance bound to 127.0.0.1, stopped at the end).",
-    )
-    add(
-        "--episodes_for_avg",
-        default=0,
-        type=nonnegative_int,
-        metavar="N",
-        help="(new) Print the mean return once N episodes have ended since the last one "
-        "printed (0: the last 100 episodes on every progress line).",
-    )
-    add(
-        "--suppress_logs",
-        action="store_true",
-        help="(new) Only progress lines (steps, SPS, time left, mean return, entropy) and "
-        "warnings on the console; out.log keeps everything.",
     )
 
 
@@ -56,7 +41,10 @@ def markdown_reference() -> str:
 
 
 def make_ray_parser() -> argparse.ArgumentParser:
-    parser = make_parser("RayBeast: IMPALA with Ray actors, on one machine or a Ray cluster.")
+    parser = make_parser(
+        "RayBeast: IMPALA with Ray actors, on one machine or a Ray cluster.",
+        shared_memory_buffers=False,
+    )
     add_ray_flags(parser)
     return parser
 

@@ -8,10 +8,11 @@ import tempfile
 import numpy as np
 import torch
 
+from torchbeast.core.errors import UserError
 from torchbeast.core.spec import EnvSpec
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, unreadable, or belongs to another env or model."""
 
 

@@ -45,7 +45,9 @@ def git_commit() -> str | None:
     return result.stdout.strip() or None if result.returncode == 0 else None
 
 
-def setup_console_logging() -> None:
+def setup_console_logging(suppress: bool = False) -> None:
+    """Log lines on stdout; with ``suppress`` (--suppress_logs) only progress lines and
+    warnings."""
     if not log.handlers:
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(
@@ -54,6 +56,8 @@ def setup_console_logging() -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
+    if suppress:
+        suppress_console_logs()
 
 
 def suppress_console_logs() -> None:

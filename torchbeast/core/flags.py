@@ -78,11 +78,19 @@ def unit_float(text: str) -> float:
     return value
 
 
-def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.ArgumentParser:
-    """Returns the parser with every flag common to the runtimes."""
+def make_parser(
+    description: str = "torchbeast: IMPALA in PyTorch", *, shared_memory_buffers: bool = True
+) -> argparse.ArgumentParser:
+    """Returns the parser with every flag common to the runtimes.
+
+    ``shared_memory_buffers``: whether the runtime keeps rollouts in ``--num_buffers``
+    shared-memory buffers (MonoBeast), so that the flag is resolved and checked; other
+    runtimes accept it, as the original command lines may give it, and ignore it.
+    """
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
+    parser.shared_memory_buffers = shared_memory_buffers  # read by finish_flags
     add = parser.add_argument
 
     # Run.
@@ -153,6 +161,20 @@ def make_parser(description: str = "torchbeast: IMPALA in PyTorch") -> argparse.
         type=positive_float,
         metavar="S",
         help="(new) Seconds between checkpoints while training.",
+    )
+    add(
+        "--episodes_for_avg",
+        default=0,
+        type=nonnegative_int,
+        metavar="N",
+        help="(new) Print the mean return once N episodes have ended since the last one "
+        "printed (0: the last 100 episodes on every progress line).",
+    )
+    add(
+        "--suppress_logs",
+        action="store_true",
+        help="(new) Only progress lines (steps, SPS, time left, mean return, entropy) and "
+        "warnings on the console; out.log keeps everything.",
     )
 
     # Model.
@@ -358,6 +380,12 @@ def finish_flags(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             f"--xpid {flags.xpid!r} is not a plain folder name: "
             "use letters, digits and . _ - = + only"
         )
+    if getattr(parser, "shared_memory_buffers", True):
+        resolve_num_buffers(flags, parser)
+
+
+def resolve_num_buffers(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """MonoBeast's --num_buffers: its default, or a refusal of too few."""
     needed = min_num_buffers(flags)
     if flags.num_buffers is None:
         flags.num_buffers = max(2 * flags.num_actors * flags.envs_per_actor, needed)

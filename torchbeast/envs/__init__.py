@@ -29,6 +29,7 @@ import threading
 import gymnasium as gym
 import numpy as np
 
+from torchbeast.core.errors import UserError
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs import cue, riverraid
 
@@ -42,7 +43,7 @@ SUPPORTED_OBSERVATION_DTYPES = tuple(
 )
 
 
-class EnvError(ValueError):
+class EnvError(UserError, ValueError):
     """An environment id or space that torchbeast cannot run; the message says why."""
 
 
@@ -64,6 +65,16 @@ def _register_optional_envs() -> None:
             return
         if "MinAtar/Breakout-v1" not in gym.registry:
             minatar.gym.register_envs()
+
+
+def worker_seed(seed: int | None, worker: int, num_envs: int) -> int | None:
+    """The seed of a worker's first environment (its other ``num_envs`` - 1 take the next
+    seeds): distinct for every worker of a run and derived from ``--seed`` alone, so that
+    a seeded run can be reproduced. ``worker`` numbers the run's workers from 0 (actors and
+    their restarts, env streams and their redials); None without a seed."""
+    if seed is None:
+        return None
+    return seed * 100_003 + worker * num_envs
 
 
 def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:

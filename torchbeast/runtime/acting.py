@@ -20,11 +20,8 @@ from torchbeast.core.models import create_model
 
 def actor_seed(flags: argparse.Namespace, actor_index: int, incarnation: int) -> int | None:
     """A distinct seed for each actor and each restart of it, derived from ``--seed``."""
-    if flags.seed is None:
-        return None
-    return flags.seed * 100_003 + (incarnation * flags.num_actors + actor_index) * (
-        flags.envs_per_actor
-    )
+    worker = incarnation * flags.num_actors + actor_index
+    return envs.worker_seed(flags.seed, worker, flags.envs_per_actor)
 
 
 class Unroller:

@@ -404,5 +404,5 @@ class MonoTrainer(Trainer):
 
 
 def train(flags: argparse.Namespace) -> dict:
-    setup_console_logging()
+    setup_console_logging(flags.suppress_logs)
     return MonoTrainer(flags).train()

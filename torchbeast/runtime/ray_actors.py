@@ -32,7 +32,7 @@ from torch import nn
 
 from torchbeast import envs
 from torchbeast.core import rollout
-from torchbeast.core.filewriter import setup_console_logging, suppress_console_logs
+from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.runtime.acting import Unroller, actor_seed
 from torchbeast.runtime.poly.batching import Closed, RolloutQueue
 from torchbeast.runtime.training import Trainer, TrainingError
@@ -313,7 +313,6 @@ class RayTrainer(Trainer):
         super().__init__(flags, envs.env_spec(flags))
         self.connected = connected
         self.weights = RayWeights()
-        self.returns_since_mean: list[float] = []
 
     def create_pool(self) -> RayActorPool:
         if self.connected:  # now that out.log exists
@@ -323,23 +322,6 @@ class RayTrainer(Trainer):
 
     def publish(self, model: nn.Module) -> None:
         self.weights.publish(model)
-
-    def record_returns(self, returns: list[float]) -> None:
-        super().record_returns(returns)
-        if self.flags.episodes_for_avg:
-            self.returns_since_mean.extend(returns)
-
-    def mean_return_text(self) -> str:
-        """With --episodes_for_avg N, the mean return of the episodes since the last mean,
-        once N of them have ended (and nothing until then)."""
-        wanted = self.flags.episodes_for_avg
-        if not wanted:
-            return super().mean_return_text()
-        returns = self.returns_since_mean
-        if len(returns) < wanted:
-            return ""
-        self.returns_since_mean = []
-        return f" Mean return (last {len(returns)} episodes) {np.mean(returns):.1f}."
 
 
 def connect(flags: argparse.Namespace) -> str:
@@ -375,9 +357,7 @@ def connect(flags: argparse.Namespace) -> str:
 
 
 def train(flags: argparse.Namespace) -> dict:
-    setup_console_logging()
-    if flags.suppress_logs:
-        suppress_console_logs()
+    setup_console_logging(flags.suppress_logs)
     connected = connect(flags)
     try:
         return RayTrainer(flags, connected).train()

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from torchbeast.core import checkpoint
+from torchbeast.core.errors import UserError
 from torchbeast.core.filewriter import FileWriter
 from torchbeast.core.learner import Learner, NonFiniteLossError
 from torchbeast.core.models import count_parameters, create_model, model_config
@@ -37,7 +38,7 @@ progress_log = logging.getLogger("torchbeast.progress")  # the lines --suppress_
 PROGRESS_INTERVAL_S = 5.0
 
 
-class TrainingError(RuntimeError):
+class TrainingError(UserError, RuntimeError):
     """Training cannot go on; the message names the cause."""
 
 
@@ -92,6 +93,7 @@ class Trainer:
         self.failure: BaseException | None = None
         self.stats_lock = threading.Lock()
         self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
+        self.returns_since_mean: list[float] = []  # with --episodes_for_avg
         # (true return, true move) of the last episodes, with a reward proxy.
         self.recent_true: collections.deque[tuple[float, float]] = collections.deque(maxlen=100)
         self.last_stats: dict = {}
@@ -218,6 +220,8 @@ class Trainer:
     def record_returns(self, returns: list[float]) -> None:
         """Notes the returns of episodes that just ended (stats_lock held)."""
         self.recent_returns.extend(returns)
+        if self.flags.episodes_for_avg:
+            self.returns_since_mean.extend(returns)
 
     def add_replayed(
         self, batch: dict[str, torch.Tensor], core_state: tuple[torch.Tensor, ...]
@@ -360,10 +364,18 @@ class Trainer:
         return f" True return {true_return:.1f}, true move {true_move:.1f}."
 
     def mean_return_text(self) -> str:
-        """The progress line's mean-return part (stats_lock held): the last 100 episodes."""
-        returns = self.recent_returns
-        mean = f"{np.mean(returns):.1f}" if returns else "n/a"
-        return f" Mean return (last {len(returns)} episodes) {mean}."
+        """The progress line's mean-return part (stats_lock held): the last 100 episodes;
+        with --episodes_for_avg N, the episodes since the last mean printed, once N of them
+        have ended (and nothing until then)."""
+        if not self.flags.episodes_for_avg:
+            returns = self.recent_returns
+            mean = f"{np.mean(returns):.1f}" if returns else "n/a"
+            return f" Mean return (last {len(returns)} episodes) {mean}."
+        returns = self.returns_since_mean
+        if len(returns) < self.flags.episodes_for_avg:
+            return ""
+        self.returns_since_mean = []
+        return f" Mean return (last {len(returns)} episodes) {np.mean(returns):.1f}."
 
 
 def progress_text(step: int, total_steps: int, sps: float) -> str:

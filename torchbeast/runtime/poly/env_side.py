@@ -87,13 +87,13 @@ class EnvServicer(pb_grpc.EnvServerServicer):
         self.flags = flags
         self.address = address
         self.server_index = server_index
+        self.num_servers = len(server_addresses(flags))
         self.counter = itertools.count()
 
     def StreamEnv(self, request_iterator, context):  # noqa: N802 (gRPC's name)
         stream_index = next(self.counter)
-        seed = None
-        if self.flags.seed is not None:
-            seed = self.flags.seed * 100_003 + self.server_index * 10_007 + stream_index
+        worker = stream_index * self.num_servers + self.server_index
+        seed = envs.worker_seed(self.flags.seed, worker, self.flags.envs_per_stream)
         client_id = f"{socket.gethostname()}:{self.address}#{stream_index}"
         try:
             yield from env_session(self.flags, client_id, request_iterator, seed)
@@ -147,9 +147,16 @@ def connect_once(
 
 
 def run_client(
-    flags: argparse.Namespace, client_index: int, stop: threading.Event, failures: list[str]
+    flags: argparse.Namespace,
+    process_index: int,
+    client_index: int,
+    stop: threading.Event,
+    failures: list[str],
 ) -> None:
-    """Dials the learner and keeps an environment connected to it until ``stop``."""
+    """Dials the learner and keeps an environment connected to it until ``stop``.
+
+    Its envs' seeds follow from ``--seed`` and its place among the ``--num_servers``
+    processes of ``--clients_per_process`` clients, so a seeded run can be reproduced."""
     channel = network.create_channel(flags, flags.connect)
     stub = pb_grpc.LearnerStub(channel)
     backoff = 0.1
@@ -157,9 +164,9 @@ def run_client(
         if stop.is_set():
             break
         client_id = f"{socket.gethostname()}:{os.getpid()}:{client_index}#{session}"
-        seed = None
-        if flags.seed is not None:
-            seed = flags.seed * 100_003 + (os.getpid() % 1000) * 1000 + client_index
+        client = process_index * flags.clients_per_process + client_index
+        worker = session * flags.num_servers * flags.clients_per_process + client
+        seed = envs.worker_seed(flags.seed, worker, flags.envs_per_stream)
         try:
             connect_once(flags, stub, client_id, seed, stop)
             backoff = 0.1
@@ -187,12 +194,14 @@ def run_client(
     channel.close()
 
 
-def run_clients(flags: argparse.Namespace) -> int:
+def run_clients(flags: argparse.Namespace, process_index: int = 0) -> int:
     """``clients_per_process`` env clients in this process, each on its own thread."""
     stop = _stop_on_signals()
     failures: list[str] = []
     threads = [
-        threading.Thread(target=run_client, args=(flags, i, stop, failures), daemon=True)
+        threading.Thread(
+            target=run_client, args=(flags, process_index, i, stop, failures), daemon=True
+        )
         for i in range(flags.clients_per_process)
     ]
     for thread in threads:
@@ -230,7 +239,7 @@ def process_main(flags: argparse.Namespace, index: int) -> None:
     )
     try:
         if flags.connect:
-            sys.exit(run_clients(flags))
+            sys.exit(run_clients(flags, index))
         serve(flags, server_addresses(flags)[index], index)
     except network.NetworkError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -15,6 +15,7 @@ from concurrent import futures
 
 import grpc
 
+from torchbeast.core.errors import UserError
 from torchbeast.core.flags import positive_int
 
 log = logging.getLogger("torchbeast")
@@ -37,7 +38,7 @@ RECONNECT_OPTIONS = [
 ]
 
 
-class NetworkError(RuntimeError):
+class NetworkError(UserError, RuntimeError):
     """An address, certificate or token problem the user must fix; the message says how."""
 
 

@@ -93,7 +93,7 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def make_learner_parser(description: str) -> argparse.ArgumentParser:
-    parser = make_parser(description)
+    parser = make_parser(description, shared_memory_buffers=False)
     add_learner_flags(parser)
     return parser
 
@@ -182,7 +182,7 @@ def train(flags: argparse.Namespace, env_processes: list | None = None) -> dict:
 
     ``env_processes``: env processes started for this run; if all of them exit, it stops.
     """
-    setup_console_logging()
+    setup_console_logging(flags.suppress_logs)
     finish_learner_flags(flags)
     check_run_dir(flags)
     spec = learner_spec(flags)

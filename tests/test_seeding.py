@@ -1,0 +1,85 @@
+"""Seeds of the environments: one formula for every runtime, distinct for every worker
+of a run, and derived from --seed alone so that a seeded run can be reproduced."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.test_polybeast import REPO
+from torchbeast.core.flags import parse_flags
+from torchbeast.envs import worker_seed
+from torchbeast.runtime.acting import actor_seed
+
+
+def env_seeds(first: int | None, num_envs: int) -> set[int]:
+    assert first is not None
+    return set(range(first, first + num_envs))
+
+
+def test_no_seed_gives_no_seed():
+    assert worker_seed(None, 3, 8) is None
+
+
+def test_actors_and_their_restarts_seed_disjoint_envs():
+    flags = parse_flags(["--num_actors", "2", "--envs_per_actor", "8", "--seed", "1"])
+    seen: set[int] = set()
+    for incarnation in range(3):
+        for actor in range(2):
+            seeds = env_seeds(actor_seed(flags, actor, incarnation), 8)
+            assert not seeds & seen
+            seen |= seeds
+    assert len(seen) == 3 * 2 * 8
+
+
+def test_other_runs_seeds_start_elsewhere():
+    assert worker_seed(1, 0, 8) != worker_seed(2, 0, 8)
+
+
+CLIENT_SEEDS = """
+import threading
+from torchbeast.runtime.poly import env_side
+from torchbeast.runtime.poly.env_flags import make_env_parser
+
+flags = make_env_parser().parse_args(
+    ["--connect", "unix:/nonexistent", "--seed", "5", "--num_servers", "2",
+     "--clients_per_process", "2", "--envs_per_stream", "3"]
+)
+seeds = []
+
+def session(flags, stub, client_id, seed, stop):  # stands in for the learner: 2 sessions
+    seeds.append(seed)
+    if len(seeds) % 2 == 0:
+        stop.set()
+
+env_side.connect_once = session
+for process in range(2):
+    for client in range(2):
+        env_side.run_client(flags, process, client, threading.Event(), [])
+print(seeds)
+"""
+
+
+def inverted_client_seeds() -> list[int]:
+    """The seeds of 2 processes x 2 clients, each connecting twice, in that order."""
+    result = subprocess.run(
+        [sys.executable, "-c", CLIENT_SEEDS], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return [int(seed) for seed in result.stdout.strip()[1:-1].split(",")]
+
+
+def test_inverted_clients_seed_the_same_envs_in_every_run():
+    # Their seeds once depended on the process id, so a seeded run could not be repeated.
+    first, second = inverted_client_seeds(), inverted_client_seeds()
+    assert first == second
+    assert first[0] == 5 * 100_003
+
+
+def test_inverted_clients_of_all_processes_and_redials_seed_disjoint_envs():
+    seen: set[int] = set()
+    for seed in inverted_client_seeds():
+        seeds = env_seeds(seed, 3)
+        assert not seeds & seen
+        seen |= seeds
+    assert len(seen) == 2 * 2 * 2 * 3
