@@ -13,7 +13,8 @@ from torchbeast.core import losses, vtrace
 from torchbeast.core.flags import parse_flags
 from torchbeast.core.learner import Learner, NonFiniteLossError, explained_variance
 from torchbeast.core.models import create_model, model_config
-from torchbeast.core.rollout import EnvSpec, rollout_spec
+from torchbeast.core.rollout import rollout_spec
+from torchbeast.core.spec import EnvSpec
 
 T, B, A = 5, 3, 2
 OBSERVATION_SHAPE = (4,)

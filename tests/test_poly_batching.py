@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from torchbeast.runtime.poly.batching import Closed, DynamicBatcher, Failed, RolloutQueue
+from torchbeast.runtime.poly.batching import DynamicBatcher, Failed
+from torchbeast.runtime.queues import Closed, RolloutQueue
 
 
 def run_threads(target, count: int) -> None:

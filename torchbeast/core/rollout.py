@@ -12,9 +12,6 @@ import torch
 
 from torchbeast.core.spec import EnvSpec
 
-__all__ = ["EnvSpec", "rollout_spec", "allocate", "ENV_KEYS", "AGENT_KEYS"]
-
-
 NUMPY_TO_TORCH = {
     "uint8": torch.uint8,
     "int8": torch.int8,

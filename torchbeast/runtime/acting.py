@@ -16,6 +16,7 @@ import torch
 from torchbeast import envs
 from torchbeast.core import rollout
 from torchbeast.core.models import create_model
+from torchbeast.core.spec import EnvSpec
 
 
 def actor_seed(flags: argparse.Namespace, actor_index: int, incarnation: int) -> int | None:
@@ -31,7 +32,7 @@ class Unroller:
     """
 
     def __init__(
-        self, flags: argparse.Namespace, env_spec: rollout.EnvSpec, config: dict, seed: int | None
+        self, flags: argparse.Namespace, env_spec: EnvSpec, config: dict, seed: int | None
     ):
         if seed is not None:
             torch.manual_seed(seed)

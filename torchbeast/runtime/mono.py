@@ -37,6 +37,7 @@ from torchbeast import envs
 from torchbeast.core import rollout
 from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.models import create_model
+from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.acting import Unroller, actor_seed
 from torchbeast.runtime.processes import die_with_parent
 from torchbeast.runtime.training import Trainer
@@ -107,7 +108,7 @@ class ActorShared:
     """What every actor process receives: settings and the shared-memory tensors."""
 
     flags: argparse.Namespace
-    env_spec: rollout.EnvSpec
+    env_spec: EnvSpec
     config: dict
     buffers: dict[str, torch.Tensor]  # name -> [num_buffers, T+1, ...]
     initial_core_states: tuple[torch.Tensor, ...]  # [num_buffers, layers, H] each
@@ -177,7 +178,7 @@ class ActorPool:
     def __init__(
         self,
         flags: argparse.Namespace,
-        env_spec: rollout.EnvSpec,
+        env_spec: EnvSpec,
         config: dict,
         weights: SharedWeights,
     ):
@@ -261,10 +262,6 @@ class ActorPool:
                 process.join(timeout=ACTOR_STOP_TIMEOUT_S)
         for conn in self.conns.values():
             conn.close()
-
-    def pids(self) -> list[int]:
-        with self.lock:
-            return [p.pid for p in self.processes.values() if p.pid is not None]
 
     # Dispatcher thread.
 

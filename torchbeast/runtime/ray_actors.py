@@ -33,8 +33,9 @@ from torch import nn
 from torchbeast import envs
 from torchbeast.core import rollout
 from torchbeast.core.filewriter import setup_console_logging
+from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.acting import Unroller, actor_seed
-from torchbeast.runtime.poly.batching import Closed, RolloutQueue
+from torchbeast.runtime.queues import Closed, RolloutQueue
 from torchbeast.runtime.training import Trainer, TrainingError
 
 log = logging.getLogger("torchbeast")
@@ -53,7 +54,7 @@ class RolloutActor:
     def __init__(
         self,
         flags: argparse.Namespace,
-        env_spec: rollout.EnvSpec,
+        env_spec: EnvSpec,
         config: dict,
         actor_index: int,
         incarnation: int,
@@ -136,7 +137,7 @@ class RayActorPool:
     def __init__(
         self,
         flags: argparse.Namespace,
-        env_spec: rollout.EnvSpec,
+        env_spec: EnvSpec,
         config: dict,
         weights: RayWeights,
     ):

@@ -46,8 +46,9 @@ from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
-from torchbeast.runtime.poly.batching import Closed, DynamicBatcher, Failed, RolloutQueue
+from torchbeast.runtime.poly.batching import DynamicBatcher, Failed
 from torchbeast.runtime.poly.env_side import server_addresses
+from torchbeast.runtime.queues import Closed, RolloutQueue
 from torchbeast.runtime.training import TrainingError
 
 log = logging.getLogger("torchbeast")

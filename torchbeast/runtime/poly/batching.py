@@ -1,30 +1,21 @@
-"""Two meeting points between many env streams and one learner.
-
-``DynamicBatcher``: stream threads each ask for one inference; worker threads run one
-forward pass for whatever requests are waiting (up to ``max_batch_size``, waiting at most
-``timeout_s`` for more) and hand every caller its own slice back.
-
-``RolloutQueue``: stream threads put finished rollouts into a bounded queue (a full queue
-makes them wait: backpressure up to the environments); learner threads take B at a time.
+"""Batched inference for many env streams: stream threads each ask for one inference;
+worker threads run one forward pass for whatever requests are waiting (up to
+``max_batch_size``, waiting at most ``timeout_s`` for more) and hand every caller its own
+slice back. (Finished rollouts meet the learner in ``runtime.queues.RolloutQueue``.)
 """
 
 from __future__ import annotations
 
 import collections
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
+from torchbeast.runtime.queues import Closed
+
 In = TypeVar("In")
 Out = TypeVar("Out")
-
-POLL_S = 0.1
-
-
-class Closed(RuntimeError):
-    """The batcher or queue was closed while a caller waited on it."""
 
 
 class Failed:
@@ -136,42 +127,3 @@ class DynamicBatcher(Generic[In, Out]):
                     request.result = result
             for request in batch:
                 request.done.set()
-
-
-class RolloutQueue(Generic[In]):
-    """A bounded queue that learner threads drain ``batch_size`` items at a time."""
-
-    def __init__(self, maxsize: int, closed: threading.Event | None = None):
-        """``closed``: an event that closes the queue when set (default: its own)."""
-        self.items: queue.Queue[In] = queue.Queue(maxsize)
-        self.batch_lock = threading.Lock()  # one learner thread assembles a batch at a time
-        self.closed = closed or threading.Event()
-
-    def put(self, item: In) -> None:
-        """Waits while the queue is full; raises ``Closed`` if it closes meanwhile."""
-        while not self.closed.is_set():
-            try:
-                self.items.put(item, timeout=POLL_S)
-                return
-            except queue.Full:
-                continue
-        raise Closed("the learner queue is closed")
-
-    def get_batch(self, batch_size: int) -> list[In] | None:
-        """``batch_size`` items in arrival order, or None once closed."""
-        with self.batch_lock:
-            batch: list[In] = []
-            while len(batch) < batch_size:
-                if self.closed.is_set():
-                    return None
-                try:
-                    batch.append(self.items.get(timeout=POLL_S))
-                except queue.Empty:
-                    continue
-            return batch
-
-    def qsize(self) -> int:
-        return self.items.qsize()
-
-    def close(self) -> None:
-        self.closed.set()
