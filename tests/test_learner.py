@@ -211,6 +211,18 @@ def test_mean_episode_return_averages_the_episodes_that_ended():
     assert (stats["mean_episode_return"], stats["episodes"]) == (15.5, 2)
 
 
+def test_mean_episode_length_averages_the_steps_of_the_episodes_that_ended():
+    flags = make_flags()
+    batch = make_batch()
+    batch["episode_end"][:] = False
+    batch["episode_end"][0, 1] = True  # the overlap step: reported by the last batch
+    batch["episode_end"][2, 0] = batch["episode_end"][5, 2] = True
+    batch["episode_step"][0, 1], batch["episode_step"][2, 0] = 1000, 40
+    batch["episode_step"][5, 2] = 61
+    stats = Learner(flags, make_model(flags)).learn(batch)
+    assert stats["mean_episode_length"] == 50.5
+
+
 def test_mean_episode_return_is_nan_when_no_episode_ended():
     flags = make_flags()
     batch = make_batch()

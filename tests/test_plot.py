@@ -216,3 +216,23 @@ def test_diagnostics_adds_a_panel_per_learner_diagnostic(tmp_path):
     assert matplotlib.image.imread(plain).shape[:2] == (600, 800)
     # Return, SPS and six diagnostics: 4 rows of 2 panels.
     assert matplotlib.image.imread(diagnostics).shape[:2] == (1200, 1600)
+
+
+def test_column_adds_a_panel_for_any_logged_column(tmp_path):
+    run = write_run(tmp_path, "run")
+    out = tmp_path / "columns.png"
+    assert plot.main([str(run), "--out", str(out), "--column", "baseline_loss"]) == 0
+    # Return, SPS and the baseline loss: 3 panels in one column.
+    assert matplotlib.image.imread(out).shape[:2] == (900, 800)
+    figure = tmp_path / "both.png"
+    argv = [str(run), "--out", str(figure), "--column", "pg_loss", "--column", "baseline_loss"]
+    assert plot.main(argv) == 0
+    assert matplotlib.image.imread(figure).shape[:2] == (600, 1600)  # 2 rows of 2
+
+
+def test_column_that_no_run_logged_is_one_line_naming_the_logged_ones(tmp_path, capsys):
+    run = write_run(tmp_path, "run")
+    assert plot.main([str(run), "--column", "mean_episode_true_return"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "--column mean_episode_true_return" in err and "baseline_loss" in err

@@ -160,13 +160,28 @@ def column_curve(
     return steps[keep], smooth(values[keep], window)
 
 
+# Axis labels of other columns that --column may name (any other is labelled by its name).
+COLUMN_LABELS = {
+    "mean_episode_length": "episode length (agent steps)",
+    "mean_episode_true_return": "true return (Riverraid)",
+    "mean_episode_true_move": "true move (Riverraid)",
+}
+
+
 def plot_runs(
-    runs: dict[str, dict[str, np.ndarray]], out: Path, window: int, diagnostics: bool = False
+    runs: dict[str, dict[str, np.ndarray]],
+    out: Path,
+    window: int,
+    diagnostics: bool = False,
+    extra_columns: tuple[str, ...] = (),
 ) -> None:
     """Draw the figure for ``runs`` (label -> logs) into the PNG ``out``: return and SPS,
-    and with ``diagnostics`` one panel per :data:`DIAGNOSTICS` column."""
-    panels = 2 + (len(DIAGNOSTICS) if diagnostics else 0)
-    columns = 2 if diagnostics else 1
+    with ``diagnostics`` one panel per :data:`DIAGNOSTICS` column, then one panel per
+    column of ``extra_columns``."""
+    labels = dict(DIAGNOSTICS) if diagnostics else {}
+    labels.update({column: COLUMN_LABELS.get(column, column) for column in extra_columns})
+    panels = 2 + len(labels)
+    columns = 2 if panels > 3 else 1
     rows = math.ceil(panels / columns)
     fig = Figure(figsize=(FIGSIZE[0] * columns, FIGSIZE[1] * rows / 2), dpi=DPI)
     FigureCanvasAgg(fig)
@@ -176,19 +191,17 @@ def plot_runs(
         color = f"C{i % 10}"
         ax_return.plot(*return_curve(logs, window), color=color, label=label)
         ax_sps.plot(*sps_curve(logs), color=color, label=label)
-        if diagnostics:
-            for ax, column in zip(axes[2:], DIAGNOSTICS, strict=False):
-                ax.plot(*column_curve(logs, column, window), color=color, label=label)
+        for ax, column in zip(axes[2:], labels, strict=False):
+            ax.plot(*column_curve(logs, column, window), color=color, label=label)
     smoothing = f" (mean of last {window})" if window > 1 else ""
     ax_return.set_ylabel(f"mean episode return{smoothing}")
     ax_sps.set_ylabel("steps per second")
-    if diagnostics:
-        for ax, (column, name) in zip(axes[2:], DIAGNOSTICS.items(), strict=False):
-            ax.set_ylabel(name)
-            if column == "explained_variance":
-                # Below -1 is just "worse than a constant"; an early spike there would
-                # flatten the range that matters, 0 to 1.
-                ax.set_ylim(bottom=max(ax.get_ylim()[0], -1.0))
+    for ax, (column, name) in zip(axes[2:], labels.items(), strict=False):
+        ax.set_ylabel(name)
+        if column == "explained_variance":
+            # Below -1 is just "worse than a constant"; an early spike there would
+            # flatten the range that matters, 0 to 1.
+            ax.set_ylim(bottom=max(ax.get_ylim()[0], -1.0))
     for ax in axes[panels:]:
         ax.set_visible(False)
     for ax in axes[:panels]:
@@ -288,6 +301,14 @@ def _parser() -> argparse.ArgumentParser:
         help="also plot policy entropy, KL, clipped importance weights, policy lag, "
         "explained variance and gradient norm",
     )
+    parser.add_argument(
+        "--column",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also plot this logs.csv column, e.g. mean_episode_length or "
+        "mean_episode_true_return; repeat for several",
+    )
     return parser
 
 
@@ -313,12 +334,16 @@ def main(argv: list[str] | None = None) -> int:
             out = Path("learning_curves.png")
         if out.suffix.lower() != ".png":
             raise PlotError(f"--out {out} must end in .png: the figure is written as a PNG")
+        for column in args.column:
+            if not any(column in run_logs for run_logs in logs.values()):
+                known = sorted(set().union(*logs.values()) - {"_tick", "_time"})
+                raise PlotError(f"no run logged --column {column}: use one of {', '.join(known)}")
         for label, run_logs in logs.items():
             if not np.isfinite(run_logs.get("mean_episode_return", np.array([]))).any():
                 print(f"note: {label} has no finished episodes yet", file=sys.stderr)
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
-            plot_runs(logs, out, args.smooth, args.diagnostics)
+            plot_runs(logs, out, args.smooth, args.diagnostics, tuple(args.column))
         except OSError as e:
             raise PlotError(
                 f"cannot write {out}: {e.strerror or e}; pass --out with a writable path"

@@ -372,6 +372,8 @@ class Learner:
         )
         if "policy_version" in stats:
             stats["policy_lag"] = updates_before - stats.pop("policy_version")
+        # Agent steps of the episodes that ended (whole games for Atari).
+        stats["mean_episode_length"] = mean_or_nan(batch["episode_step"][ended].float())
         if self.true_reward_stats:
             stats["mean_episode_true_return"] = mean_or_nan(batch["episode_true_return"][ended])
             stats["mean_episode_true_move"] = mean_or_nan(batch["episode_true_move"][ended])
