@@ -40,13 +40,19 @@ from torchbeast.core.models import create_model
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.acting import Unroller, actor_seed
 from torchbeast.runtime.processes import die_with_parent
+from torchbeast.runtime.supervision import (
+    STOP_SIGNALS,
+    RestartBudget,
+    Supervised,
+    join_or_kill,
+    last_line,
+    signals_blocked,
+)
 from torchbeast.runtime.training import Trainer
 
 log = logging.getLogger("torchbeast")
 
 ACTOR_STOP_TIMEOUT_S = 5.0
-MAX_DEATHS_PER_MINUTE_PER_ACTOR = 3
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 # --------------------------------------------------------------------------- weights
@@ -168,7 +174,7 @@ def run_actor(
 # --------------------------------------------------------------------------- actor pool
 
 
-class ActorPool:
+class ActorPool(Supervised):
     """Starts actor processes, hands them free buffer slots, collects full ones.
 
     One dispatcher thread watches every actor's pipe; an actor that dies is replaced
@@ -209,9 +215,8 @@ class ActorPool:
         self.processes: dict[int, mp.process.BaseProcess] = {}
         self.conns: dict[int, mp.connection.Connection] = {}
         self.incarnations = [0] * flags.num_actors
-        self.recent_deaths: list[float] = []  # monotonic times of actor deaths
-        self.error: str | None = None
-        self.stopping = threading.Event()
+        self.restarts = RestartBudget(flags.num_actors)
+        super().__init__()
         self.batch_lock = threading.Lock()
         self.dispatcher = threading.Thread(target=self._dispatch, name="dispatcher", daemon=True)
 
@@ -230,13 +235,9 @@ class ActorPool:
             args=(actor_index, self.incarnations[actor_index], self.shared, child_conn),
             daemon=True,
         )
-        # Children inherit the signal mask: a Ctrl-C while an actor imports torch must not
-        # kill it before it can ignore SIGINT.
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        try:
+        # A Ctrl-C while an actor imports torch must not kill it before it ignores SIGINT.
+        with signals_blocked():
             process.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         child_conn.close()  # so the parent sees EOF when the actor dies
         with self.lock:
             self.processes[actor_index] = process
@@ -253,13 +254,7 @@ class ActorPool:
                     conn.send(None)
                 except OSError:
                     pass
-        deadline = time.monotonic() + ACTOR_STOP_TIMEOUT_S
-        for process in self.processes.values():
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
-        for process in self.processes.values():
-            if process.is_alive():
-                process.kill()
-                process.join(timeout=ACTOR_STOP_TIMEOUT_S)
+        join_or_kill(self.processes.values(), ACTOR_STOP_TIMEOUT_S)
         for conn in self.conns.values():
             conn.close()
 
@@ -274,8 +269,7 @@ class ActorPool:
                     self._handle(by_conn[conn], conn)
         except Exception as error:  # without the dispatcher nothing moves: stop the run
             log.exception("The actor dispatcher failed.")
-            self.error = f"the actor dispatcher failed: {error!r}"
-            self.stopping.set()
+            self.fail(f"the actor dispatcher failed: {error!r}")
 
     def _handle(self, actor_index: int, conn: mp.connection.Connection) -> None:
         try:
@@ -285,9 +279,7 @@ class ActorPool:
             return
         if kind == "error":
             log.error("Actor %d failed:\n%s", actor_index, payload)
-            last_line = payload.strip().splitlines()[-1]
-            self.error = f"actor {actor_index} failed: {last_line} (traceback in out.log)"
-            self.stopping.set()
+            self.fail(f"actor {actor_index} failed: {last_line(payload)} (traceback in out.log)")
             return
         with self.lock:
             if kind == "full":
@@ -309,15 +301,12 @@ class ActorPool:
             if actor_index in self.waiting:
                 self.waiting.remove(actor_index)
         self.incarnations[actor_index] += 1
-        now = time.monotonic()
-        self.recent_deaths = [t for t in self.recent_deaths if now - t < 60] + [now]
-        if len(self.recent_deaths) > MAX_DEATHS_PER_MINUTE_PER_ACTOR * self.flags.num_actors:
-            self.error = (
-                f"actors keep dying ({len(self.recent_deaths)} in the last minute, last exit "
+        if not self.restarts.record_death():
+            self.fail(
+                f"actors keep dying ({self.restarts.deaths_text()}, last exit "
                 f"code {process.exitcode}); see out.log, and check memory (e.g. fewer "
                 "--num_actors)"
             )
-            self.stopping.set()
             return
         log.warning(
             "Actor %d died (exit code %s); starting a new one, training goes on.",

@@ -36,12 +36,12 @@ from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.acting import Unroller, actor_seed
 from torchbeast.runtime.queues import Closed, RolloutQueue
+from torchbeast.runtime.supervision import RestartBudget, Supervised, last_line, signals_blocked
 from torchbeast.runtime.training import Trainer, TrainingError
 
 log = logging.getLogger("torchbeast")
 
 TASKS_PER_ACTOR = 2  # one running, one queued: an actor never waits to be asked
-MAX_DEATHS_PER_MINUTE_PER_ACTOR = 3
 WAIT_S = 0.1
 
 
@@ -131,7 +131,7 @@ class RayWeights:
 # --------------------------------------------------------------------------- actor pool
 
 
-class RayActorPool:
+class RayActorPool(Supervised):
     """Starts the Ray actors, keeps them busy, restarts dead ones, queues their rollouts."""
 
     def __init__(
@@ -141,9 +141,8 @@ class RayActorPool:
         config: dict,
         weights: RayWeights,
     ):
+        super().__init__()
         self.flags, self.env_spec, self.config, self.weights = flags, env_spec, config, weights
-        self.stopping = threading.Event()
-        self.error: str | None = None
         # Columns waiting for the learner; a full queue holds the collector back.
         self.queue: RolloutQueue[tuple] = RolloutQueue(
             2 * flags.batch_size + flags.envs_per_actor, closed=self.stopping
@@ -152,7 +151,7 @@ class RayActorPool:
         self.actors: list = [None] * flags.num_actors
         self.incarnations = [0] * flags.num_actors
         self.pending: dict[ray.ObjectRef, tuple[int, int]] = {}  # task -> (actor, incarnation)
-        self.recent_deaths: list[float] = []
+        self.restarts = RestartBudget(flags.num_actors)
         self.timings = np.zeros(4)  # env, inference, all CPU seconds; agent steps
         self.started = time.monotonic()
         self.first_rollout_s: float | None = None
@@ -213,7 +212,7 @@ class RayActorPool:
             pass  # stopping
         except Exception as error:  # surfaced as the run's error, not swallowed
             log.exception("The rollout collector failed.")
-            self._fail(f"the rollout collector failed: {last_line(error)} (see out.log)")
+            self.fail(f"the rollout collector failed: {last_line(error)} (see out.log)")
 
     def _finish(self, task: ray.ObjectRef) -> None:
         with self.lock:
@@ -225,7 +224,7 @@ class RayActorPool:
             result = ray.get(task)
         except ray.exceptions.RayActorError as error:
             if error.actor_init_failed:
-                self._fail(f"actor {actor_index} could not start: {last_line(error)}")
+                self.fail(f"actor {actor_index} could not start: {last_line(error)}")
             else:
                 self._replace_dead_actor(actor_index, incarnation, error)
             return
@@ -234,7 +233,7 @@ class RayActorPool:
             return
         except ray.exceptions.RayTaskError as error:
             log.error("Actor %d failed:\n%s", actor_index, error)
-            self._fail(f"actor {actor_index} failed: {last_line(error)} (traceback in out.log)")
+            self.fail(f"actor {actor_index} failed: {last_line(error)} (traceback in out.log)")
             return
         if self.first_rollout_s is None:
             self.first_rollout_s = time.monotonic() - self.started
@@ -257,11 +256,9 @@ class RayActorPool:
             if incarnation != self.incarnations[actor_index] or self.stopping.is_set():
                 return  # its other task already reported the death
             self.incarnations[actor_index] += 1
-        now = time.monotonic()
-        self.recent_deaths = [t for t in self.recent_deaths if now - t < 60] + [now]
-        if len(self.recent_deaths) > MAX_DEATHS_PER_MINUTE_PER_ACTOR * self.flags.num_actors:
-            self._fail(
-                f"actors keep dying: {len(self.recent_deaths)} deaths in the last minute "
+        if not self.restarts.record_death():
+            self.fail(
+                f"actors keep dying: {self.restarts.deaths_text()} "
                 f"(last: {last_line(error)}); see out.log"
             )
             return
@@ -269,10 +266,6 @@ class RayActorPool:
         # Usually dead already; a lost rollout may have left it alive but of no more use.
         ray.kill(self.actors[actor_index], no_restart=True)
         self._start_actor(actor_index)
-
-    def _fail(self, message: str) -> None:
-        self.error = message
-        self.stopping.set()
 
     # The learner's side.
 
@@ -297,11 +290,6 @@ class RayActorPool:
     def timing_totals(self) -> np.ndarray:
         """(env, inference, all) CPU seconds and agent steps, summed over actors so far."""
         return self.timings.copy()
-
-
-def last_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[-1] if lines else type(error).__name__
 
 
 # --------------------------------------------------------------------------- training
@@ -335,11 +323,8 @@ def connect(flags: argparse.Namespace) -> str:
         # SIGTERM to the whole process group, as job schedulers send, must reach only the
         # driver, which then saves a checkpoint and stops Ray; a raylet that died first
         # would take the driver down with it.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        try:
+        with signals_blocked({signal.SIGTERM}):
             ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, **quiet)
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         where = "a local Ray instance (127.0.0.1)"
     else:
         try:

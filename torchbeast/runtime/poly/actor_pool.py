@@ -49,6 +49,7 @@ from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
 from torchbeast.runtime.poly.batching import DynamicBatcher, Failed
 from torchbeast.runtime.poly.env_side import server_addresses
 from torchbeast.runtime.queues import Closed, RolloutQueue
+from torchbeast.runtime.supervision import Supervised
 from torchbeast.runtime.training import TrainingError
 
 log = logging.getLogger("torchbeast")
@@ -113,7 +114,7 @@ class EpisodeLog:
             self.file.close()
 
 
-class PolyActorPool:
+class PolyActorPool(Supervised):
     """Env streams on one side, the learner's ``get_batch`` on the other."""
 
     drops_bad_batches = True  # see Trainer.drop_batch: peers' data must not stop the run
@@ -134,8 +135,7 @@ class PolyActorPool:
         if spec is not None:
             self.spec_known.set()
         self.model_ready = threading.Event()
-        self.stopping = threading.Event()
-        self.error: str | None = None
+        super().__init__()
         # Stopping the pool closes the queue: learner threads waiting on it are let go.
         self.queue: RolloutQueue[Rollout] = RolloutQueue(
             flags.max_learner_queue_size, self.stopping
@@ -382,11 +382,9 @@ class PolyActorPool:
         except Exception as error:  # a learner-side failure (e.g. in inference): stop the run
             with self.lock:
                 first = self.error is None
-                if first:
-                    self.error = f"serving env stream {client_id} failed: {error!r} (see out.log)"
+                self.fail(f"serving env stream {client_id} failed: {error!r} (see out.log)")
             if first:  # every stream of the batch sees the same error: say it once
                 log.exception("Serving env stream %s failed.", client_id)
-            self.stopping.set()
             raise Closed("the learner is stopping") from None
         finally:
             with self.lock:
@@ -624,16 +622,14 @@ class PolyActorPool:
             except grpc.RpcError as error:
                 code = error.code()
                 if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                    self.error = f"env server {address} refused the learner: {error.details()}"
-                    self.stopping.set()
+                    self.fail(f"env server {address} refused the learner: {error.details()}")
                 reason = code.name
             except codec.ProtocolError as error:
                 reason = f"it sent a bad stream: {error}"
             except OverBudget as error:
                 reason = str(error)
             except SpecMismatch as error:  # a misconfigured server: redialling cannot help
-                self.error = f"env server {address}: {error}"
-                self.stopping.set()
+                self.fail(f"env server {address}: {error}")
                 reason = str(error)
             except Closed:
                 return
@@ -657,11 +653,10 @@ class PolyActorPool:
         while not self.stopping.wait(1.0):
             codes = [process.exitcode for process in self.env_processes]
             if all(code is not None for code in codes):
-                self.error = (
+                self.fail(
                     f"every env process this command started has exited (exit codes {codes}); "
                     "their errors are in the output above"
                 )
-                self.stopping.set()
 
     def _watch_connections(self) -> None:
         """Says once when no environment is left, instead of waiting silently."""

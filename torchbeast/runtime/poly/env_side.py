@@ -20,7 +20,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Iterator
 
 import grpc
@@ -32,6 +31,7 @@ from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
 from torchbeast.runtime.processes import guarded_main
+from torchbeast.runtime.supervision import join_or_kill
 
 log = logging.getLogger("torchbeast")
 
@@ -264,15 +264,11 @@ def start_processes(flags: argparse.Namespace) -> list[mp.process.BaseProcess]:
 
 
 def stop_processes(processes: list[mp.process.BaseProcess], timeout_s: float = 5.0) -> None:
+    """SIGTERM to each env process, and SIGKILL to those still alive after ``timeout_s``."""
     for process in processes:
         if process.is_alive():
             process.terminate()
-    deadline = time.monotonic() + timeout_s
-    for process in processes:
-        process.join(max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join()
+    join_or_kill(processes, timeout_s)
 
 
 def run_processes(flags: argparse.Namespace) -> int:

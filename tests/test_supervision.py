@@ -1,0 +1,79 @@
+"""The supervision every runtime shares: restart budget, one-line failures, signal-masked
+starts and deadline stops, on real processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import time
+
+from torchbeast.runtime.supervision import (
+    RestartBudget,
+    Supervised,
+    join_or_kill,
+    last_line,
+    signals_blocked,
+)
+
+
+def test_restart_budget_allows_three_deaths_per_actor_per_minute():
+    budget = RestartBudget(num_actors=2)
+    assert all(budget.record_death() for _ in range(6))
+    assert not budget.record_death()
+    assert budget.deaths_text() == "7 in the last minute"
+
+
+def test_restart_budget_forgets_deaths_older_than_a_minute(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    budget = RestartBudget(num_actors=1)
+    assert all(budget.record_death() for _ in range(3))
+    now[0] += 61
+    assert budget.record_death()
+
+
+def test_last_line_of_a_traceback_and_of_an_empty_error():
+    assert last_line("Traceback:\n  File x\nValueError: bad env\n") == "ValueError: bad env"
+    assert last_line(KeyError()) == "KeyError"
+
+
+def test_the_first_failure_is_the_one_reported():
+    pool = Supervised()
+    pool.fail("actor 1 failed: boom")
+    pool.fail("actors keep dying")
+    assert pool.stopping.is_set()
+    assert pool.error == "actor 1 failed: boom"
+
+
+def sleep_through_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(60)
+
+
+def test_join_or_kill_kills_what_outlives_the_deadline():
+    context = mp.get_context("spawn")
+    quick = context.Process(target=time.sleep, args=(0.1,))
+    stubborn = context.Process(target=sleep_through_sigterm)
+    quick.start()
+    stubborn.start()
+    started = time.monotonic()
+    join_or_kill([quick, stubborn], timeout_s=2.0)
+    assert time.monotonic() - started < 10
+    assert quick.exitcode == 0
+    assert stubborn.exitcode == -signal.SIGKILL
+
+
+def report_blocked_signals(queue) -> None:
+    queue.put(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, set())))
+
+
+def test_a_child_started_with_stop_signals_blocked_inherits_the_mask():
+    # Spawn, as the runtimes start their children: the mask survives the exec.
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    with signals_blocked():
+        child = context.Process(target=report_blocked_signals, args=(queue,))
+        child.start()
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    assert {signal.SIGINT, signal.SIGTERM} <= set(queue.get(timeout=60))
+    child.join(30)

@@ -1,0 +1,85 @@
+"""What every runtime does with the actors or processes it starts, written once: restart a
+dead one within a budget, end the run with one line when it cannot go on, start children
+with the stop signals blocked, and stop them by a deadline.
+
+Standard library only: PolyBeast's env side, which never imports torch, uses it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import signal
+import threading
+import time
+from collections.abc import Collection, Iterable, Iterator
+
+MAX_DEATHS_PER_MINUTE_PER_ACTOR = 3
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+STOP_TIMEOUT_S = 5.0
+
+
+def last_line(error: BaseException | str) -> str:
+    """The last line of an error or traceback: what a one-line report shows."""
+    lines = str(error).strip().splitlines()
+    if lines:
+        return lines[-1]
+    return type(error).__name__ if isinstance(error, BaseException) else "unknown error"
+
+
+class RestartBudget:
+    """Deaths a run tolerates: at most ``per_minute`` per actor in any 60 s, so that one
+    crash is replaced and training goes on, while actors that keep dying stop the run."""
+
+    def __init__(self, num_actors: int, per_minute: int = MAX_DEATHS_PER_MINUTE_PER_ACTOR):
+        self.limit = per_minute * num_actors
+        self.recent: list[float] = []  # monotonic times of deaths in the last minute
+
+    def record_death(self) -> bool:
+        """Notes a death; True while a replacement is within the budget."""
+        now = time.monotonic()
+        self.recent = [t for t in self.recent if now - t < 60] + [now]
+        return len(self.recent) <= self.limit
+
+    def deaths_text(self) -> str:
+        return f"{len(self.recent)} in the last minute"
+
+
+class Supervised:
+    """A pool's run-ending state: ``error`` (one line for the user) and ``stopping``."""
+
+    def __init__(self, stopping: threading.Event | None = None):
+        self.stopping = stopping or threading.Event()
+        self.error: str | None = None
+
+    def fail(self, message: str) -> None:
+        """Ends the run with ``message``; the first failure is the one reported."""
+        if self.error is None:
+            self.error = message
+        self.stopping.set()
+
+
+@contextlib.contextmanager
+def signals_blocked(signals: Collection[int] = STOP_SIGNALS) -> Iterator[None]:
+    """Blocks ``signals`` in this thread meanwhile. Children inherit the mask, so a child
+    started here cannot be killed by a Ctrl-C (or a process group's SIGTERM) before it
+    has set its own handlers; it unblocks them itself once it has."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+
+
+def join_or_kill(
+    processes: Iterable[mp.process.BaseProcess], timeout_s: float = STOP_TIMEOUT_S
+) -> None:
+    """Waits until ``timeout_s`` in all for the processes to exit, then kills the rest."""
+    processes = list(processes)
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join(timeout_s)
