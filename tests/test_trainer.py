@@ -1,0 +1,125 @@
+"""The Trainer that every runtime shares, driven in this process by a pool that unrolls
+real CartPole environments with the actors' code (no actor processes, no sockets)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from torchbeast.core import rollout
+from torchbeast.core.flags import parse_flags
+from torchbeast.envs import env_spec
+from torchbeast.runtime.acting import Unroller
+from torchbeast.runtime.training import Trainer, TrainingError
+
+SMALL = ["--env", "CartPole-v1", "--num_actors", "1", "--envs_per_actor", "4"]
+SMALL += ["--batch_size", "4", "--unroll_length", "10", "--seed", "1", "--num_learner_threads", "1"]
+
+
+class InProcessPool:
+    """One actor's Unroller, stepped by the learner thread that asks for a batch."""
+
+    def __init__(self, trainer: Trainer, fail_after: int | None = None):
+        flags = trainer.flags
+        self.unroller = Unroller(flags, trainer.env_spec, trainer.config, seed=flags.seed)
+        self.buffers = rollout.allocate(trainer.env_spec, flags.unroll_length, flags.batch_size)
+        self.core_states = tuple(
+            torch.zeros(flags.batch_size, *state.shape[::2])
+            for state in self.unroller.model.initial_state(1)
+        )
+        self.stopping = threading.Event()
+        self.error: str | None = None
+        self.lock = threading.Lock()
+        self.batches = 0
+        self.fail_after = fail_after
+        self.started = self.stopped = False
+
+    def start(self) -> None:
+        self.started = True
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.unroller.close()
+
+    def get_batch(self):
+        with self.lock:
+            if self.stopping.is_set():
+                return None
+            if self.fail_after is not None and self.batches == self.fail_after:
+                self.error = "actor 0 failed: the environment broke"
+                self.stopping.set()
+                return None
+            self.batches += 1
+            self.unroller.unroll(self.buffers, torch.arange(4), self.core_states)
+            batch = {key: value.transpose(0, 1).clone() for key, value in self.buffers.items()}
+            core_state = tuple(s.transpose(0, 1).clone() for s in self.core_states)
+            return batch, core_state, [(0, env) for env in range(4)]
+
+
+class InProcessTrainer(Trainer):
+    def __init__(self, flags, fail_after: int | None = None):
+        super().__init__(flags, env_spec(flags))
+        self.fail_after = fail_after
+        self.published: list[int] = []
+
+    def create_pool(self) -> InProcessPool:
+        self.pool_made = InProcessPool(self, self.fail_after)
+        self.publish(self.learner.model)
+        return self.pool_made
+
+    def publish(self, model: nn.Module) -> None:
+        self.published.append(int(model.policy_version))
+        if hasattr(self, "pool_made"):
+            self.pool_made.unroller.model.load_state_dict(model.state_dict())
+
+
+def make_flags(tmp_path, *argv: str):
+    return parse_flags([*SMALL, "--savedir", str(tmp_path), "--xpid", "run", *argv])
+
+
+def logged_steps(tmp_path) -> list[int]:
+    """The step column of logs.csv (its third), across the headers of resumed runs."""
+    with open(tmp_path / "run" / "logs.csv") as f:
+        return [int(line.split(",")[2]) for line in f if not line.startswith("#")]
+
+
+def test_trains_to_total_steps_logging_every_update_and_saving_a_checkpoint(tmp_path):
+    trainer = InProcessTrainer(make_flags(tmp_path, "--total_steps", "800"))
+    stats = trainer.train()
+    assert trainer.learner.step == 800  # 20 updates of 4 x 10 steps
+    assert stats["step"] == 800
+    assert logged_steps(tmp_path) == list(range(40, 801, 40))
+    # Every update's weights reached the pool, with their version.
+    assert trainer.published == list(range(0, 21))
+    assert trainer.pool_made.started and trainer.pool_made.stopped
+    state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)
+    assert state["step"] == 800 and state["updates"] == 20
+
+
+def test_a_second_run_resumes_from_the_checkpoint(tmp_path):
+    InProcessTrainer(make_flags(tmp_path, "--total_steps", "400")).train()
+    resumed = InProcessTrainer(make_flags(tmp_path, "--total_steps", "800"))
+    resumed.train()
+    assert resumed.learner.step == 800
+    assert resumed.pool_made.batches == 10  # only the steps that were left
+    assert logged_steps(tmp_path) == list(range(40, 801, 40))
+
+
+def test_a_pool_error_stops_the_run_with_its_message_and_keeps_a_checkpoint(tmp_path):
+    trainer = InProcessTrainer(make_flags(tmp_path, "--total_steps", "4000"), fail_after=5)
+    with pytest.raises(TrainingError, match="actor 0 failed: the environment broke"):
+        trainer.train()
+    assert trainer.learner.step == 200
+    state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)
+    assert state["step"] == 200
+
+
+def test_recent_returns_are_those_of_the_episodes_that_ended(tmp_path):
+    trainer = InProcessTrainer(make_flags(tmp_path, "--total_steps", "2000"))
+    trainer.train()
+    # CartPole under a near-uniform policy: episodes of about 10-40 steps, return = length.
+    assert len(trainer.recent_returns) > 20
+    assert all(8 <= ret <= 200 for ret in trainer.recent_returns)
