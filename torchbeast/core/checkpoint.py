@@ -126,6 +126,6 @@ def check_compatible(state: dict, env_id: str, model_config: dict, path: str) ->
         )
         raise CheckpointError(
             f"checkpoint {path} holds another model: {differences}; "
-            "pass the model flags it was trained with (--use_lstm, --use_resnet, "
+            "pass the model flags it was trained with (--use_lstm, --use_resnet, --torso, "
             "--hidden_size, --num_layers)"
         )

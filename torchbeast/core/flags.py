@@ -185,12 +185,20 @@ def make_parser(
         help="(new) Use the IMPALA deep ResNet torso instead of AtariNet.",
     )
     add(
+        "--torso",
+        default=None,
+        choices=["atari", "resnet", "grid", "mlp"],
+        help="(new) The model's torso (default: from the observations: AtariNet for "
+        "frames, the grid conv for small [H, W, C] grids such as MinAtar's, an MLP for "
+        "vectors; --use_resnet is --torso resnet).",
+    )
+    add(
         "--hidden_size",
         default=None,
         type=positive_int,
         metavar="H",
         help="(new) Width of the torso's fully connected layers "
-        "(default: 512 AtariNet, 256 ResNet, 64 MLP).",
+        "(default: 512 AtariNet, 256 ResNet, 128 MinAtar grid, 64 MLP).",
     )
     add(
         "--num_layers",

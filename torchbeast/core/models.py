@@ -1,4 +1,5 @@
-"""Agent networks: AtariNet (the original's), the IMPALA deep ResNet, and an MLP.
+"""Agent networks: AtariNet (the original's), the IMPALA deep ResNet, MinAtar's small
+convolution for grids, and an MLP.
 
 Every model takes a dict of time-major inputs and a recurrent core state::
 
@@ -25,6 +26,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from torchbeast.core.errors import UserError
 
 CoreState = tuple[torch.Tensor, ...]
 
@@ -95,8 +98,26 @@ class ResNetTorso(nn.Module):
         return self.fc(x.flatten(1))
 
 
+class GridTorso(nn.Module):
+    """A small convolution (16 filters of 3x3, as the MinAtar paper's agents) over an
+    [H, W, C] grid of object channels, then the fully connected layers. Channels come
+    last, as in Gymnasium's image spaces and MinAtar's observations."""
+
+    def __init__(self, observation_shape: Sequence[int], hidden_size: int, num_layers: int):
+        super().__init__()
+        height, width, channels = observation_shape
+        self.conv = nn.Sequential(nn.Conv2d(channels, 16, kernel_size=3), nn.ReLU())
+        conv_size = 16 * (height - 2) * (width - 2)  # 1024 for MinAtar's 10x10
+        self.fc = fully_connected(conv_size, hidden_size, num_layers)
+        self.output_size = hidden_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x.permute(0, 3, 1, 2))  # [N, H, W, C] -> [N, 16, H-2, W-2]
+        return self.fc(x.flatten(1))
+
+
 class MLPTorso(nn.Module):
-    """Flattened observation through fully connected layers (CartPole, MinAtar, ...)."""
+    """Flattened observation through fully connected layers (CartPole, ...)."""
 
     def __init__(self, observation_shape: Sequence[int], hidden_size: int, num_layers: int):
         super().__init__()
@@ -182,11 +203,38 @@ class Agent(nn.Module):
         return outputs, core_state
 
 
+def default_torso(observation_shape: Sequence[int], use_resnet: bool = False) -> str:
+    """The torso that suits these observations: AtariNet (or the ResNet) for [C, 84, 84]
+    frames, the grid conv for small [H, W, C] grids such as MinAtar's, else an MLP."""
+    if len(observation_shape) == 3 and min(observation_shape[1:]) >= 36:
+        return "resnet" if use_resnet else "atari"
+    if len(observation_shape) == 3 and min(observation_shape[:2]) >= 3:
+        return "grid"
+    return "mlp"
+
+
+def check_torso(kind: str, observation_shape: Sequence[int]) -> None:
+    """Refuses a torso that cannot read these observations."""
+    shape = tuple(observation_shape)
+    if kind in ("atari", "resnet") and not (len(shape) == 3 and min(shape[1:]) >= 36):
+        raise UserError(
+            f"--torso {kind} reads [C, H, W] frames of at least 36x36, not observations of "
+            f"shape {shape}: leave out --torso (and --use_resnet) or use --torso mlp"
+        )
+    if kind == "grid" and not (len(shape) == 3 and min(shape[:2]) >= 3):
+        raise UserError(
+            f"--torso grid reads [H, W, C] grids of at least 3x3, not observations of "
+            f"shape {shape}: leave out --torso or use --torso mlp"
+        )
+
+
 def model_config(flags: argparse.Namespace, observation_shape: Sequence[int]) -> dict:
     """The architecture a run uses, resolved from flags; stored in checkpoints."""
-    pixels = len(observation_shape) == 3 and min(observation_shape[1:]) >= 36
-    kind = ("resnet" if flags.use_resnet else "atari") if pixels else "mlp"
-    default_hidden = {"atari": 512, "resnet": 256, "mlp": 64}[kind]
+    if flags.torso and flags.use_resnet and flags.torso != "resnet":
+        raise UserError(f"--use_resnet asks for the ResNet torso, --torso for {flags.torso}")
+    kind = flags.torso or default_torso(observation_shape, flags.use_resnet)
+    check_torso(kind, observation_shape)
+    default_hidden = {"atari": 512, "resnet": 256, "grid": 128, "mlp": 64}[kind]
     default_layers = 2 if kind == "mlp" else 1
     return dict(
         kind=kind,
@@ -196,7 +244,7 @@ def model_config(flags: argparse.Namespace, observation_shape: Sequence[int]) ->
     )
 
 
-TORSOS = {"atari": AtariTorso, "resnet": ResNetTorso, "mlp": MLPTorso}
+TORSOS = {"atari": AtariTorso, "resnet": ResNetTorso, "grid": GridTorso, "mlp": MLPTorso}
 WEIGHT_INITS = ("orthogonal", "pytorch")
 
 

@@ -72,8 +72,8 @@ def checkpoint_model_config(
         config["num_layers"] = saved["num_layers"]
     if not flags.use_lstm and "use_lstm" in saved:
         config["use_lstm"] = saved["use_lstm"]
-    if not flags.use_resnet and saved.get("kind") == "resnet":
-        config["kind"] = "resnet"
+    if flags.torso is None and not flags.use_resnet and "kind" in saved:
+        config["kind"] = saved["kind"]
     checkpoint.check_compatible(state, flags.env, config, path)
     return config
 
