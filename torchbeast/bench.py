@@ -34,7 +34,12 @@ import torch
 from torchbeast import raybeast
 from torchbeast.cli import report_errors
 from torchbeast.core.filewriter import setup_console_logging
-from torchbeast.core.flags import nonnegative_int, parse_flags, positive_int
+from torchbeast.core.flags import (
+    nonnegative_int,
+    parse_flags,
+    positive_int,
+    resolve_num_buffers,
+)
 from torchbeast.runtime.mono import MonoTrainer
 from torchbeast.runtime.poly import env_side
 from torchbeast.runtime.poly.actor_pool import PolyActorPool
@@ -168,6 +173,8 @@ def run_ray(flags: argparse.Namespace, start_measuring) -> Trainer:
 def main(argv: list[str] | None = None) -> int:
     parser = make_bench_parser()
     flags = parse_flags(argv, parser)
+    if flags.runtime == "mono":  # the one runtime with shared-memory buffers
+        resolve_num_buffers(flags, parser)
     flags.disable_checkpoint = True
     setup_console_logging()
     result: dict = {}

@@ -1,0 +1,26 @@
+"""The benchmark command runs each runtime and prints its figures (the figures themselves
+are checked by people, never by timed tests)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_polybeast import REPO
+
+SMALL = ["--env", "CartPole-v1", "--batch_size", "8", "--unroll_length", "20"]
+SMALL += ["--warmup_steps", "1000", "--bench_steps", "5000"]
+
+
+@pytest.mark.parametrize("runtime", ["mono", "poly"])
+def test_bench_prints_sps_and_stage_costs(runtime):
+    command = [sys.executable, "-m", "torchbeast.bench", "--runtime", runtime, *SMALL]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    sps = re.search(r"steady-state SPS: ([0-9.]+)\s+\(([0-9]+) steps", result.stdout)
+    assert sps is not None, result.stdout
+    assert float(sps.group(1)) > 0 and int(sps.group(2)) >= 5000
+    assert "CPU ms per agent step" in result.stdout
