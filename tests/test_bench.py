@@ -12,7 +12,7 @@ import pytest
 from tests.test_polybeast import REPO
 
 SMALL = ["--env", "CartPole-v1", "--batch_size", "8", "--unroll_length", "20"]
-SMALL += ["--warmup_steps", "1000", "--bench_steps", "5000"]
+SMALL += ["--warmup_steps", "500", "--bench_steps", "2000"]
 
 
 @pytest.mark.parametrize("runtime", ["mono", "poly"])
@@ -22,5 +22,5 @@ def test_bench_prints_sps_and_stage_costs(runtime):
     assert result.returncode == 0, result.stderr
     sps = re.search(r"steady-state SPS: ([0-9.]+)\s+\(([0-9]+) steps", result.stdout)
     assert sps is not None, result.stdout
-    assert float(sps.group(1)) > 0 and int(sps.group(2)) >= 5000
+    assert float(sps.group(1)) > 0 and int(sps.group(2)) >= 2000
     assert "CPU ms per agent step" in result.stdout
