@@ -28,10 +28,8 @@ import tempfile
 import threading
 import time
 
-import numpy as np
 import torch
 
-from torchbeast import raybeast
 from torchbeast.cli import report_errors
 from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.flags import (
@@ -40,17 +38,9 @@ from torchbeast.core.flags import (
     positive_int,
     resolve_num_buffers,
 )
-from torchbeast.runtime.mono import MonoTrainer
-from torchbeast.runtime.poly import env_side
-from torchbeast.runtime.poly.actor_pool import PolyActorPool
-from torchbeast.runtime.poly.trainer import (
-    PolyTrainer,
-    env_flags,
-    finish_learner_flags,
-    learner_spec,
-    limit_intra_op_threads,
-    make_learner_parser,
-)
+from torchbeast.raybeast import add_ray_flags
+from torchbeast.runtime.poly.trainer import make_learner_parser
+from torchbeast.runtime.registry import RUNTIMES
 from torchbeast.runtime.training import Trainer
 
 
@@ -64,37 +54,14 @@ def make_bench_parser() -> argparse.ArgumentParser:
         envs_per_actor=8,
         total_steps=10**12,
     )
-    parser.add_argument("--runtime", default="mono", choices=["mono", "poly", "ray"])
+    add_ray_flags(parser)
+    parser.add_argument("--runtime", default="mono", choices=list(RUNTIMES))
     parser.add_argument("--warmup_steps", type=nonnegative_int, default=20_000)
     parser.add_argument("--bench_steps", type=positive_int, default=60_000)
     return parser
 
 
-def process_cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds of other processes, from /proc."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-    return total
-
-
-def stage_totals(trainer: Trainer, env_pids: list[int]) -> np.ndarray:
-    """Cumulative CPU seconds per stage and the actors' agent steps, for either runtime."""
-    if isinstance(trainer, PolyTrainer):
-        return np.array([process_cpu_seconds(env_pids), 0.0, 0.0])
-    env_cpu, inference_cpu, actor_cpu, actor_steps = trainer.pool.timing_totals()
-    return np.array([env_cpu, inference_cpu, actor_cpu - env_cpu - inference_cpu])
-
-
-def measure(
-    trainer: Trainer, env_pids: list[int], warmup_steps: int, bench_steps: int, result: dict
-) -> None:
+def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict) -> None:
     """Runs beside training: samples the window after warm-up, then stops the run."""
     learner = trainer.learner
     while (
@@ -103,7 +70,7 @@ def measure(
         time.sleep(0.05)
     if trainer.pool is None:
         return
-    stages_before = stage_totals(trainer, env_pids)
+    stages_before = trainer.stage_totals()
     start_time, start_step, start_cpu = time.monotonic(), learner.step, time.process_time()
     while learner.step < start_step + bench_steps and not trainer.stop_requested.is_set():
         time.sleep(0.05)
@@ -112,9 +79,7 @@ def measure(
     steps = learner.step - start_step
     if steps == 0:
         return
-    env_ms, inference_ms, actor_other_ms = (
-        1e3 * (stage_totals(trainer, env_pids) - stages_before) / steps
-    )
+    env_ms, inference_ms, actor_other_ms = 1e3 * (trainer.stage_totals() - stages_before) / steps
     result.update(
         sps=steps / elapsed,
         steps=steps,
@@ -127,47 +92,10 @@ def measure(
     trainer.stop_requested.set()
 
 
-def run_mono(flags: argparse.Namespace, start_measuring) -> Trainer:
-    trainer = MonoTrainer(flags)
-    start_measuring(trainer, [])
-    trainer.train()
-    return trainer
-
-
-def run_poly(flags: argparse.Namespace, start_measuring, folder: str) -> Trainer:
-    """One env server per actor on Unix sockets, streaming ``envs_per_actor`` envs each."""
+def lay_out_env_servers(flags: argparse.Namespace, folder: str) -> None:
+    """PolyBeast: one env server per actor, on Unix sockets in ``folder``."""
     flags.num_servers = flags.num_actors
     flags.pipes_basename = f"unix:{folder}/env"
-    finish_learner_flags(flags)
-    limit_intra_op_threads(flags)
-    server_flags = env_flags(flags)
-    processes = env_side.start_processes(server_flags)
-    pool = PolyActorPool(flags, spec=learner_spec(flags))
-    try:
-        pool.listen()
-        trainer = PolyTrainer(flags, pool)
-        start_measuring(trainer, [p.pid for p in processes])
-        trainer.train()
-    finally:
-        pool.stop()
-        env_side.stop_processes(processes)
-    return trainer
-
-
-def run_ray(flags: argparse.Namespace, start_measuring) -> Trainer:
-    """A local Ray instance with ``num_actors`` Ray actors of ``envs_per_actor`` envs."""
-    flags.ray_address = None
-    raybeast.prepare_environment(flags)
-    from torchbeast.runtime import ray_actors  # imports Ray: after prepare_environment
-
-    connected = ray_actors.connect(flags)
-    try:
-        trainer = ray_actors.RayTrainer(flags, connected)
-        start_measuring(trainer, [])
-        trainer.train()
-    finally:
-        ray_actors.ray.shutdown()
-    return trainer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,31 +107,27 @@ def main(argv: list[str] | None = None) -> int:
     setup_console_logging()
     result: dict = {}
     trainer: Trainer | None = None
-    threads: list[threading.Thread] = []
-
-    def start_measuring(started: Trainer, env_pids: list[int]) -> None:
-        nonlocal trainer
-        trainer = started
-        thread = threading.Thread(
-            target=measure, args=(started, env_pids, flags.warmup_steps, flags.bench_steps, result)
-        )
-        threads.append(thread)
-        thread.start()
 
     def run_benchmark() -> None:
+        nonlocal trainer
+        runtime = RUNTIMES[flags.runtime].load(flags)
         with tempfile.TemporaryDirectory() as folder:
             flags.savedir, flags.xpid = folder, "bench"
+            if flags.runtime == "poly":
+                lay_out_env_servers(flags, folder)
+            thread: threading.Thread | None = None
             try:
-                if flags.runtime == "poly":
-                    run_poly(flags, start_measuring, folder)
-                elif flags.runtime == "ray":
-                    run_ray(flags, start_measuring)
-                else:
-                    run_mono(flags, start_measuring)
+                with runtime.session(flags) as trainer:
+                    thread = threading.Thread(
+                        target=measure,
+                        args=(trainer, flags.warmup_steps, flags.bench_steps, result),
+                    )
+                    thread.start()
+                    trainer.train()
             finally:
                 if trainer is not None:
                     trainer.stop_requested.set()
-                for thread in threads:
+                if thread is not None:
                     thread.join()
 
     status = report_errors(run_benchmark)
@@ -234,7 +158,7 @@ def print_result(flags: argparse.Namespace, trainer: Trainer, result: dict) -> N
             f"env {result['env_ms']:.3f}, inference {result['inference_ms']:.3f}, actor other "
             f"{result['actor_other_ms']:.3f}, learner {result['learner_ms']:.3f}"
         )
-    name = {"mono": "MonoBeast", "poly": "PolyBeast", "ray": "RayBeast"}[flags.runtime]
+    name = RUNTIMES[flags.runtime].title
     print(
         f"{name} benchmark: {flags.env}, {trainer.config['kind']} model, "
         f"B={flags.batch_size}, T={flags.unroll_length}, {layout}, "

@@ -15,13 +15,9 @@ import sys
 
 
 def train(flags: argparse.Namespace) -> dict:
-    from torchbeast.runtime.poly import env_side, trainer
+    from torchbeast.runtime.poly import trainer
 
-    processes = env_side.start_processes(trainer.env_flags(flags))
-    try:
-        return trainer.train(flags, processes)
-    finally:
-        env_side.stop_processes(processes)
+    return trainer.train(flags)
 
 
 def main(argv: list[str] | None = None) -> int:

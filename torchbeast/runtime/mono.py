@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import logging
 import multiprocessing as mp
@@ -28,6 +29,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -389,6 +391,13 @@ class MonoTrainer(Trainer):
         self.weights.publish(model)
 
 
-def train(flags: argparse.Namespace) -> dict:
+@contextlib.contextmanager
+def session(flags: argparse.Namespace) -> Iterator[MonoTrainer]:
+    """A trainer ready to start its actor processes (which its ``train`` stops)."""
     setup_console_logging(flags.suppress_logs)
-    return MonoTrainer(flags).train()
+    yield MonoTrainer(flags)
+
+
+def train(flags: argparse.Namespace) -> dict:
+    with session(flags) as trainer:
+        return trainer.train()

@@ -32,3 +32,18 @@ def guarded_main(parent_pid: int, target: str, *args: object) -> None:
         raise SystemExit(1)
     module, _, function = target.partition(":")
     getattr(importlib.import_module(module), function)(*args)
+
+
+def process_cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of other processes so far, from /proc (0 for a process
+    that is gone)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return total

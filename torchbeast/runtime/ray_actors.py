@@ -11,19 +11,21 @@
 
 An actor that dies (its process killed, its node lost) fails its tasks with a
 RayActorError; the collector starts a new actor in its place and asks it for rollouts.
-Import this module only after ``raybeast.prepare_environment``: Ray reads some settings
+Import this module only after ``ray_setup.prepare_environment``: Ray reads some settings
 from the environment when it is first imported.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import ray
@@ -342,10 +344,18 @@ def connect(flags: argparse.Namespace) -> str:
     return f"Connected to {where} in {seconds:.1f} s: {cpus:g} CPUs on {nodes} nodes."
 
 
-def train(flags: argparse.Namespace) -> dict:
+@contextlib.contextmanager
+def session(flags: argparse.Namespace) -> Iterator[RayTrainer]:
+    """A trainer on a running Ray (a local instance started here, or --ray_address);
+    a local instance is stopped at the end."""
     setup_console_logging(flags.suppress_logs)
     connected = connect(flags)
     try:
-        return RayTrainer(flags, connected).train()
+        yield RayTrainer(flags, connected)
     finally:
         ray.shutdown()
+
+
+def train(flags: argparse.Namespace) -> dict:
+    with session(flags) as trainer:
+        return trainer.train()

@@ -112,6 +112,12 @@ class Trainer:
         """Makes the learner's new weights the ones actions are chosen with."""
         raise NotImplementedError
 
+    def stage_totals(self) -> np.ndarray:
+        """CPU seconds so far outside the learner, for the benchmark: stepping envs,
+        actor inference, and the rest of the actors' time."""
+        env_cpu, inference_cpu, actor_cpu, _ = self.pool.timing_totals()
+        return np.array([env_cpu, inference_cpu, actor_cpu - env_cpu - inference_cpu])
+
     def resume_if_possible(self) -> bool:
         """Loads model.tar of this xpid if there is one; refuses one of another run."""
         if not os.path.exists(self.checkpoint_path):

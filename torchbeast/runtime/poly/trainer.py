@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
 import tempfile
+from collections.abc import Iterator
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -23,9 +26,10 @@ from torchbeast.core.flags import (
 )
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs.riverraid import PROXY_FLAGS
-from torchbeast.runtime.poly import network
+from torchbeast.runtime.poly import env_side, network
 from torchbeast.runtime.poly.actor_pool import PolyActorPool
 from torchbeast.runtime.poly.env_flags import make_env_parser
+from torchbeast.runtime.processes import process_cpu_seconds
 from torchbeast.runtime.training import Trainer
 
 log = logging.getLogger("torchbeast")
@@ -134,6 +138,11 @@ class PolyTrainer(Trainer):
         self.flags.env = self.env_spec.env_id  # as the environments said, for checkpoints
         self.poly_pool = pool
 
+    def stage_totals(self) -> np.ndarray:
+        """The env processes this command started: their CPU seconds (envs and gRPC)."""
+        pids = [process.pid for process in self.poly_pool.env_processes]
+        return np.array([process_cpu_seconds(pids), 0.0, 0.0])
+
     def create_pool(self) -> PolyActorPool:
         run_dir = os.path.join(self.flags.savedir, self.flags.xpid)
         self.poly_pool.attach(self.learner.model, self.config, run_dir)
@@ -177,22 +186,33 @@ def check_run_dir(flags: argparse.Namespace) -> None:
         pass
 
 
-def train(flags: argparse.Namespace, env_processes: list | None = None) -> dict:
-    """Starts the network side, waits for the first environment, then trains.
-
-    ``env_processes``: env processes started for this run; if all of them exit, it stops.
-    """
-    setup_console_logging(flags.suppress_logs)
-    finish_learner_flags(flags)
-    check_run_dir(flags)
-    spec = learner_spec(flags)
-    limit_intra_op_threads(flags)
-    pool = PolyActorPool(flags, env_processes, spec)
+@contextlib.contextmanager
+def session(flags: argparse.Namespace, start_envs: bool = True) -> Iterator[PolyTrainer]:
+    """A trainer whose pool listens (or dials) and knows the run's environment; with
+    ``start_envs`` this command also starts the env processes (servers, or with --serve
+    clients), and stops them at the end; ``polybeast_learner`` starts none."""
+    processes = env_side.start_processes(env_flags(flags)) if start_envs else []
     try:
-        pool.listen()
-        return PolyTrainer(flags, pool).train()
+        setup_console_logging(flags.suppress_logs)
+        finish_learner_flags(flags)
+        check_run_dir(flags)
+        spec = learner_spec(flags)
+        limit_intra_op_threads(flags)
+        pool = PolyActorPool(flags, processes, spec)
+        try:
+            pool.listen()
+            yield PolyTrainer(flags, pool)
+        finally:
+            pool.stop()
     finally:
-        pool.stop()
+        env_side.stop_processes(processes)
+
+
+def train(flags: argparse.Namespace, start_envs: bool = True) -> dict:
+    """Starts the network side, waits for the first environment, then trains; if every
+    env process this command started exits, it stops."""
+    with session(flags, start_envs) as trainer:
+        return trainer.train()
 
 
 # The PolyBeast flag tables in README.md are generated from these parsers (`make docs`).

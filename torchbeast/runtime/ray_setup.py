@@ -1,0 +1,56 @@
+"""Settings Ray reads from the environment when it is imported: set before the Ray
+runtime (``runtime.ray_actors``) is, by ``registry.RUNTIMES["ray"].load``."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import socket
+
+from torchbeast.runtime.training import TrainingError
+
+REACH_TIMEOUT_S = 5.0
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def prepare_environment(flags: argparse.Namespace) -> None:
+    """Settings Ray reads from the environment when it is imported, so set them first.
+
+    Ray replaces 127.0.0.1 with this machine's network address unless told that this is
+    a single-machine cluster; then every Ray server listens on 127.0.0.1 only. Token
+    authentication is asked for when joining a cluster (Ray starts its own clusters with
+    it); RAY_AUTH_MODE=disabled in the environment opts out.
+    """
+    host = None if flags.ray_address in (None, "auto") else flags.ray_address.rpartition(":")[0]
+    if flags.ray_address is None or (host is not None and is_loopback(host)):
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # The pool reads every task result it needs and reports failures itself; tasks it
+    # abandons while stopping would otherwise print their errors as "unhandled".
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+    if host is not None:
+        check_reachable(flags.ray_address)
+
+
+def check_reachable(address: str) -> None:
+    """Fails in seconds where Ray would retry an unreachable address for minutes."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise TrainingError(
+            f"--ray_address {address!r} is not host:port (e.g. 127.0.0.1:6379) or auto"
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as error:
+        raise TrainingError(
+            f"cannot reach a Ray cluster at --ray_address {address}: {error}. Start one "
+            "with `ray start --head`, or leave out --ray_address to run Ray on this machine"
+        ) from None

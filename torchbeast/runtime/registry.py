@@ -1,0 +1,48 @@
+"""The runtimes by name, for the entry points, the benchmark and the docs: adding a runtime
+means adding it here, and touches neither the algorithm nor them.
+
+A runtime is a module with
+
+    session(flags) -> context manager of a Trainer whose ``train()`` runs the actors
+    train(flags) -> dict: ``with session(flags) as trainer: return trainer.train()``
+
+and a ``Trainer`` subclass (``runtime.training``) that starts its pool, publishes
+weights and reports its ``stage_totals`` (CPU seconds outside the learner).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str  # what --runtime names it
+    title: str  # what people call it
+    module: str  # imported on first use: it may need settings made before (Ray)
+    prepare: str | None = None  # "module:function" to call with the flags before import
+
+    def load(self, flags: argparse.Namespace) -> ModuleType:
+        """The runtime's module, imported once its ``prepare`` step has run."""
+        if self.prepare is not None:
+            module, _, function = self.prepare.partition(":")
+            getattr(importlib.import_module(module), function)(flags)
+        return importlib.import_module(self.module)
+
+
+RUNTIMES = {
+    runtime.name: runtime
+    for runtime in (
+        Runtime("mono", "MonoBeast", "torchbeast.runtime.mono"),
+        Runtime("poly", "PolyBeast", "torchbeast.runtime.poly.trainer"),
+        Runtime(
+            "ray",
+            "RayBeast",
+            "torchbeast.runtime.ray_actors",
+            prepare="torchbeast.runtime.ray_setup:prepare_environment",
+        ),
+    )
+}
