@@ -273,14 +273,15 @@ def test_model_config_for_vector_observations_is_mlp():
     )
 
 
-def test_model_config_for_small_grids_like_minatar_is_the_grid_conv():
-    assert model_config(flags("--use_resnet"), (10, 10, 4)) == dict(
+def test_model_config_for_small_grids_like_minatar_is_mlp():
+    assert model_config(flags("--use_resnet"), (10, 10, 4))["kind"] == "mlp"
+
+
+def test_grid_torso_is_the_minatar_papers_conv_then_one_layer():
+    assert model_config(flags("--torso", "grid"), (10, 10, 4)) == dict(
         kind="grid", hidden_size=128, num_layers=1, use_lstm=False
     )
-
-
-def test_grid_torso_is_minatars_conv_then_one_layer():
-    model = make_model((10, 10, 4), 3)
+    model = make_model((10, 10, 4), 3, "--torso", "grid")
     conv = 4 * 16 * 3 * 3 + 16
     fc = 16 * 8 * 8 * 128 + 128
     heads = (128 + 3 + 1) * 3 + 3 + (128 + 3 + 1) + 1
@@ -289,7 +290,7 @@ def test_grid_torso_is_minatars_conv_then_one_layer():
 
 def test_grid_torso_reads_channels_last():
     # MinAtar's SpaceInvaders: 10x10 cells, 6 object channels, last.
-    model = make_model((10, 10, 6), 4)
+    model = make_model((10, 10, 6), 4, "--torso", "grid")
     assert model.torso.conv[0].in_channels == 6
     frame = torch.rand(5, 10, 10, 6) > 0.5
     assert model.torso(frame.float()).shape == (5, 128)
@@ -297,7 +298,7 @@ def test_grid_torso_reads_channels_last():
 
 @pytest.mark.parametrize(
     "observation_shape, torso",
-    [(ATARI_SHAPE, "resnet"), (ATARI_SHAPE, "mlp"), ((10, 10, 4), "mlp"), (VECTOR_SHAPE, "mlp")],
+    [(ATARI_SHAPE, "resnet"), (ATARI_SHAPE, "mlp"), ((10, 10, 4), "grid"), (VECTOR_SHAPE, "mlp")],
 )
 def test_torso_flag_picks_the_torso(observation_shape, torso):
     assert model_config(flags("--torso", torso), observation_shape)["kind"] == torso
@@ -319,8 +320,9 @@ def test_model_config_takes_hidden_size_and_num_layers_from_flags():
     assert (config["hidden_size"], config["num_layers"]) == (32, 3)
 
 
-def test_grid_model_runs_on_minatar_frames():
-    model = make_model((10, 10, 4), 3)
+@pytest.mark.parametrize("torso", ["mlp", "grid"])
+def test_model_runs_on_minatar_frames(torso):
+    model = make_model((10, 10, 4), 3, "--torso", torso)
     batch = inputs(2, 5, (10, 10, 4), 3)
     batch["frame"] = torch.rand(2, 5, 10, 10, 4) > 0.5  # MinAtar frames are boolean
     outputs, _ = model(batch, ())

@@ -188,9 +188,9 @@ def make_parser(
         "--torso",
         default=None,
         choices=["atari", "resnet", "grid", "mlp"],
-        help="(new) The model's torso (default: from the observations: AtariNet for "
-        "frames, the grid conv for small [H, W, C] grids such as MinAtar's, an MLP for "
-        "vectors; --use_resnet is --torso resnet).",
+        help="(new) The model's torso (default: AtariNet for frames, an MLP otherwise; "
+        "--use_resnet is --torso resnet); grid: the MinAtar paper's conv over small "
+        "[H, W, C] grids.",
     )
     add(
         "--hidden_size",
