@@ -2,6 +2,7 @@
 the learning-rate decay, refusal of non-finite losses, episode stats and state_dict."""
 
 import copy
+import dataclasses
 import math
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from torchbeast.config import learner_settings
 from torchbeast.core import losses, vtrace
 from torchbeast.core.flags import parse_flags
 from torchbeast.core.learner import Learner, NonFiniteLossError, explained_variance
@@ -94,22 +96,22 @@ def test_losses_are_the_impala_losses(clipping):
     model = make_model(flags)
     batch = make_batch()
     expected = expected_losses(flags, model, batch)
-    stats = Learner(flags, model).learn(batch)
+    stats = Learner(learner_settings(flags), model).learn(batch)
     for name, value in expected.items():
         assert stats[name] == pytest.approx(value, rel=1e-5), name
 
 
 def test_reward_clipping_changes_the_baseline_loss():
     batch = make_batch()
-    clipped = Learner(make_flags(), make_model(make_flags())).learn(batch)
+    clipped = Learner(learner_settings(make_flags()), make_model(make_flags())).learn(batch)
     unclipped_flags = make_flags("--reward_clipping", "none")
-    unclipped = Learner(unclipped_flags, make_model(unclipped_flags)).learn(batch)
+    unclipped = Learner(learner_settings(unclipped_flags), make_model(unclipped_flags)).learn(batch)
     assert clipped["baseline_loss"] != pytest.approx(unclipped["baseline_loss"], rel=1e-3)
 
 
 def test_total_loss_is_the_sum_of_the_three_losses():
     flags = make_flags()
-    stats = Learner(flags, make_model(flags)).learn(make_batch())
+    stats = Learner(learner_settings(flags), make_model(flags)).learn(make_batch())
     assert stats["total_loss"] == pytest.approx(
         stats["pg_loss"] + stats["baseline_loss"] + stats["entropy_loss"], rel=1e-6
     )
@@ -132,7 +134,7 @@ def test_unknown_reward_clipping_is_refused():
 
 def test_learn_changes_the_parameters():
     flags = make_flags()
-    learner = Learner(flags, make_model(flags))
+    learner = Learner(learner_settings(flags), make_model(flags))
     before = parameters(learner.model)
     learner.learn(make_batch())
     changed = [
@@ -144,7 +146,7 @@ def test_learn_changes_the_parameters():
 
 def test_learn_counts_the_steps_learned_from():
     flags = make_flags()
-    learner = Learner(flags, make_model(flags))
+    learner = Learner(learner_settings(flags), make_model(flags))
     learner.learn(make_batch(0))
     stats = learner.learn(make_batch(1))
     assert (stats["step"], learner.step, learner.updates) == (2 * T * B, 2 * T * B, 2)
@@ -152,7 +154,7 @@ def test_learn_counts_the_steps_learned_from():
 
 def test_learning_rate_decays_linearly_to_zero_at_total_steps():
     flags = make_flags()  # total_steps 1500: 100 updates of T * B = 15 steps
-    learner = Learner(flags, make_model(flags))
+    learner = Learner(learner_settings(flags), make_model(flags))
     rates = [learner.learn(make_batch(k))["learning_rate"] for k in range(3)]
     lr0 = flags.learning_rate
     assert rates == pytest.approx([lr0 * (1 - k * T * B / 1500) for k in (1, 2, 3)], rel=1e-9)
@@ -161,7 +163,7 @@ def test_learning_rate_decays_linearly_to_zero_at_total_steps():
 
 def test_gradient_norm_is_clipped_to_grad_norm_clipping():
     flags = make_flags("--grad_norm_clipping", "0.001")
-    learner = Learner(flags, make_model(flags))
+    learner = Learner(learner_settings(flags), make_model(flags))
     stats = learner.learn(make_batch())
     applied = torch.linalg.vector_norm(
         torch.stack([torch.linalg.vector_norm(p.grad) for p in learner.model.parameters()])
@@ -176,7 +178,7 @@ def test_gradient_norm_is_clipped_to_grad_norm_clipping():
 @pytest.mark.parametrize("key", ["reward", "frame", "policy_logits"])
 def test_nan_in_the_batch_raises_and_leaves_the_parameters_unchanged(key):
     flags = make_flags()
-    learner = Learner(flags, make_model(flags))
+    learner = Learner(learner_settings(flags), make_model(flags))
     before = parameters(learner.model)
     batch = make_batch()
     batch[key][2, 1] = float("nan")
@@ -189,12 +191,12 @@ def test_nan_in_the_batch_raises_and_leaves_the_parameters_unchanged(key):
 
 def test_after_a_refused_update_the_next_batch_learns_as_from_scratch():
     flags = make_flags()
-    refused = Learner(flags, make_model(flags))
+    refused = Learner(learner_settings(flags), make_model(flags))
     batch = make_batch()
     batch["reward"][2, 1] = float("nan")
     with pytest.raises(NonFiniteLossError):
         refused.learn(batch)
-    fresh = Learner(flags, make_model(flags))
+    fresh = Learner(learner_settings(flags), make_model(flags))
     np.testing.assert_equal(refused.learn(make_batch(1)), fresh.learn(make_batch(1)))
 
 
@@ -207,7 +209,7 @@ def test_mean_episode_return_averages_the_episodes_that_ended():
     batch["episode_end"][:] = False
     batch["episode_end"][2, 0] = batch["episode_end"][5, 2] = True
     batch["episode_return"][2, 0], batch["episode_return"][5, 2] = 10.0, 21.0
-    stats = Learner(flags, make_model(flags)).learn(batch)
+    stats = Learner(learner_settings(flags), make_model(flags)).learn(batch)
     assert (stats["mean_episode_return"], stats["episodes"]) == (15.5, 2)
 
 
@@ -219,7 +221,7 @@ def test_mean_episode_length_averages_the_steps_of_the_episodes_that_ended():
     batch["episode_end"][2, 0] = batch["episode_end"][5, 2] = True
     batch["episode_step"][0, 1], batch["episode_step"][2, 0] = 1000, 40
     batch["episode_step"][5, 2] = 61
-    stats = Learner(flags, make_model(flags)).learn(batch)
+    stats = Learner(learner_settings(flags), make_model(flags)).learn(batch)
     assert stats["mean_episode_length"] == 50.5
 
 
@@ -227,7 +229,7 @@ def test_mean_episode_return_is_nan_when_no_episode_ended():
     flags = make_flags()
     batch = make_batch()
     batch["episode_end"][:] = False
-    stats = Learner(flags, make_model(flags)).learn(batch)
+    stats = Learner(learner_settings(flags), make_model(flags)).learn(batch)
     assert math.isnan(stats["mean_episode_return"])
     assert stats["episodes"] == 0
 
@@ -239,7 +241,7 @@ def test_episode_ending_in_the_overlap_step_is_not_counted_again():
     batch["episode_end"][:] = False
     batch["episode_end"][0, 0] = batch["episode_end"][3, 1] = True
     batch["episode_return"][0, 0], batch["episode_return"][3, 1] = 99.0, 7.0
-    stats = Learner(flags, make_model(flags)).learn(batch)
+    stats = Learner(learner_settings(flags), make_model(flags)).learn(batch)
     assert (stats["mean_episode_return"], stats["episodes"]) == (7.0, 1)
 
 
@@ -248,10 +250,10 @@ def test_episode_ending_in_the_overlap_step_is_not_counted_again():
 
 def test_state_dict_round_trips_step_optimizer_and_scheduler():
     flags = make_flags()
-    trained = Learner(flags, make_model(flags, seed=0))
+    trained = Learner(learner_settings(flags), make_model(flags, seed=0))
     for k in range(3):
         trained.learn(make_batch(k))
-    resumed = Learner(flags, make_model(flags, seed=1))
+    resumed = Learner(learner_settings(flags), make_model(flags, seed=1))
     resumed.load_state_dict(copy.deepcopy(trained.state_dict()))
 
     assert (resumed.step, resumed.updates) == (3 * T * B, 3)
@@ -271,7 +273,9 @@ def test_on_update_sees_the_updated_model():
     flags = make_flags()
     seen = []
     learner = Learner(
-        flags, make_model(flags), on_update=lambda model: seen.append(parameters(model))
+        learner_settings(flags),
+        make_model(flags),
+        on_update=lambda model: seen.append(parameters(model)),
     )
     learner.learn(make_batch())
     assert len(seen) == 1
@@ -307,7 +311,9 @@ def column(batch, b, n=T) -> dict[str, torch.Tensor]:
 def learn_with_gradients(flags, batch) -> tuple[dict[str, float], list[torch.Tensor]]:
     """Stats of one update of a fresh model (seed 0) and the gradients it applied."""
     model = make_model(flags)
-    stats = Learner(flags, model).learn(batch, model.initial_state(batch["reward"].shape[1]))
+    stats = Learner(learner_settings(flags), model).learn(
+        batch, model.initial_state(batch["reward"].shape[1])
+    )
     return stats, [p.grad.clone() for p in model.parameters()]
 
 
@@ -366,7 +372,7 @@ def test_data_in_padded_steps_changes_neither_losses_nor_gradients(use_lstm):
 
 def test_step_counts_only_the_real_new_steps():
     flags = make_flags()
-    learner = Learner(flags, make_model(flags))
+    learner = Learner(learner_settings(flags), make_model(flags))
     learner.learn(make_batch(0))
     stats = learner.learn(pad_columns(make_batch(1), (T, 3, 1)))
     real_new_steps = T + 3 + 1
@@ -391,7 +397,7 @@ def test_episodes_ending_in_padded_steps_are_not_counted():
     batch["episode_end"][:] = False
     batch["episode_end"][2, 1] = batch["episode_end"][4, 1] = True  # real, then padded
     batch["episode_return"][2, 1], batch["episode_return"][4, 1] = 7.0, 99.0
-    stats = Learner(flags, make_model(flags)).learn(batch)
+    stats = Learner(learner_settings(flags), make_model(flags)).learn(batch)
     assert (stats["mean_episode_return"], stats["episodes"]) == (7.0, 1)
 
 
@@ -401,7 +407,7 @@ def test_episodes_ending_in_padded_steps_are_not_counted():
 def learn_mixed(flags, batch, num_online):
     """Stats and gradients of one update of a fresh model on online + replayed columns."""
     model = make_model(flags)
-    learner = Learner(flags, model)
+    learner = Learner(learner_settings(flags), model)
     stats = learner.learn(batch, model.initial_state(batch["reward"].shape[1]), num_online)
     return stats, [p.grad.clone() for p in model.parameters()]
 
@@ -502,7 +508,7 @@ def test_steps_and_episodes_count_online_columns_only():
     batch["episode_end"][:] = False
     batch["episode_end"][2, 0] = batch["episode_end"][3, 2] = True
     batch["episode_return"][2, 0], batch["episode_return"][3, 2] = 5.0, 99.0
-    learner = Learner(flags, make_model(flags))
+    learner = Learner(learner_settings(flags), make_model(flags))
     stats = learner.learn(batch, (), num_online=2)
     assert stats["step"] == learner.step == T * 2
     assert (stats["mean_episode_return"], stats["episodes"]) == (5.0, 1)
@@ -524,7 +530,7 @@ def test_diagnostics_are_the_entropy_kl_and_clipped_weights_of_the_batch():
     batch = make_batch()
     with torch.no_grad():
         outputs, _ = model(batch, ())
-    stats = Learner(flags, model).learn(batch)
+    stats = Learner(learner_settings(flags), model).learn(batch)
     logits = outputs["policy_logits"][:-1]  # the weights before the update acted here
     log_pi = F.log_softmax(logits, dim=-1)
     log_mu = F.log_softmax(batch["policy_logits"][1:], dim=-1)
@@ -540,7 +546,7 @@ def test_diagnostics_are_the_entropy_kl_and_clipped_weights_of_the_batch():
 
 def test_policy_lag_counts_the_updates_since_the_acting_weights():
     flags = make_flags()
-    learner = Learner(flags, make_model(flags))
+    learner = Learner(learner_settings(flags), make_model(flags))
     batch = make_batch()
     batch["policy_version"][:] = 0
     lags = [learner.learn(batch)["policy_lag"] for _ in range(3)]
@@ -550,9 +556,9 @@ def test_policy_lag_counts_the_updates_since_the_acting_weights():
 
 def test_policy_version_is_restored_with_the_update_count():
     flags = make_flags()
-    learner = Learner(flags, make_model(flags))
+    learner = Learner(learner_settings(flags), make_model(flags))
     learner.learn(make_batch())
-    resumed = Learner(flags, make_model(flags, seed=1))
+    resumed = Learner(learner_settings(flags), make_model(flags, seed=1))
     resumed.load_state_dict(learner.state_dict())
     assert int(resumed.model.policy_version) == 1
     assert "policy_version" not in learner.state_dict()["model_state_dict"]
@@ -570,8 +576,8 @@ def test_normalized_advantages_have_mean_zero_and_std_one_over_real_steps():
 
 def test_normalize_advantages_changes_the_policy_gradient_only():
     plain_flags, flags = make_flags(), make_flags("--normalize_advantages")
-    plain = Learner(plain_flags, make_model(plain_flags)).learn(make_batch())
-    normalized = Learner(flags, make_model(flags)).learn(make_batch())
+    plain = Learner(learner_settings(plain_flags), make_model(plain_flags)).learn(make_batch())
+    normalized = Learner(learner_settings(flags), make_model(flags)).learn(make_batch())
     assert normalized["pg_loss"] != pytest.approx(plain["pg_loss"])
     assert normalized["baseline_loss"] == pytest.approx(plain["baseline_loss"])
     assert normalized["entropy_loss"] == pytest.approx(plain["entropy_loss"])
@@ -579,8 +585,8 @@ def test_normalize_advantages_changes_the_policy_gradient_only():
 
 def test_epochs_take_several_steps_on_one_batch_but_count_it_once():
     flags = make_flags("--epochs", "3")
-    learner = Learner(flags, make_model(flags))
-    one_epoch = Learner(make_flags(), make_model(flags))
+    learner = Learner(learner_settings(flags), make_model(flags))
+    one_epoch = Learner(learner_settings(make_flags()), make_model(flags))
     stats = learner.learn(make_batch())
     one_epoch.learn(make_batch())
     assert (learner.step, learner.updates, learner.optimizer.state_dict()["state"][0]["step"]) == (
@@ -594,7 +600,7 @@ def test_epochs_take_several_steps_on_one_batch_but_count_it_once():
 
 def test_adam_is_used_when_asked():
     flags = make_flags("--optimizer", "adam", "--learning_rate", "0.001")
-    learner = Learner(flags, make_model(flags))
+    learner = Learner(learner_settings(flags), make_model(flags))
     assert isinstance(learner.optimizer, torch.optim.Adam)
     assert learner.optimizer.defaults["eps"] == flags.adam_epsilon == 1e-8
 
@@ -616,13 +622,13 @@ def test_explained_variance_logged_is_that_of_the_vtrace_targets():
         bootstrap_value=outputs["baseline"][-1],
     ).vs
     expected = 1 - float((vs - values).var()) / float(vs.var())
-    stats = Learner(flags, model).learn(batch)
+    stats = Learner(learner_settings(flags), model).learn(batch)
     assert stats["explained_variance"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_a_failing_later_epoch_leaves_the_weights_and_optimizer_as_they_were():
     flags = make_flags("--epochs", "2")
-    learner = Learner(flags, make_model(flags))
+    learner = Learner(learner_settings(flags), make_model(flags))
     before = parameters(learner.model)
     original_apply, calls = learner._apply, []
 
@@ -638,3 +644,11 @@ def test_a_failing_later_epoch_leaves_the_weights_and_optimizer_as_they_were():
     assert all(torch.equal(a, b) for a, b in zip(before, learner.model.parameters(), strict=True))
     assert learner.optimizer.state_dict()["state"] == {}
     assert (learner.step, learner.updates) == (0, 0)
+
+
+def test_learner_settings_are_the_flags_of_the_same_names_and_frozen():
+    flags = make_flags("--entropy_cost", "0.02", "--optimizer", "adam")
+    settings = learner_settings(flags)
+    assert (settings.entropy_cost, settings.optimizer, settings.unroll_length) == (0.02, "adam", T)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.entropy_cost = 0.5  # nothing edits settings once they are built

@@ -21,7 +21,6 @@ term, the step count and the episode statistics use online columns only.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import math
@@ -42,31 +41,62 @@ class NonFiniteLossError(RuntimeError):
     """The loss or gradient became NaN or infinite; the update was not applied."""
 
 
-def lr_lambda(flags: argparse.Namespace) -> Callable[[int], float]:
+@dataclasses.dataclass(frozen=True)
+class LearnerSettings:
+    """What the learner step needs, built once from the flags at the edge
+    (``torchbeast.config.learner_settings``); the fields are the flags of the same names."""
+
+    # The loss.
+    discounting: float
+    reward_clipping: str  # "abs_one" or "none"
+    baseline_cost: float
+    entropy_cost: float
+    normalize_advantages: bool
+    epochs: int  # gradient steps on each batch
+    # LASER: replayed states further than this KL from the current policy are left out.
+    replay_size: int  # > 0: the batches carry replayed columns
+    trust_region_threshold: float
+    # The optimizer, and its learning rate's linear decay to 0 at total_steps.
+    optimizer: str  # "rmsprop" or "adam"
+    learning_rate: float
+    alpha: float
+    momentum: float
+    epsilon: float
+    adam_epsilon: float
+    grad_norm_clipping: float
+    total_steps: int
+    batch_size: int
+    unroll_length: int
+
+
+def lr_lambda(settings: LearnerSettings) -> Callable[[int], float]:
     """Learning-rate factor falling linearly from 1 to 0 at ``total_steps``.
 
     It counts T * B steps per update, also for batches with padded (masked) steps, so with
     partial rollouts the rate reaches 0 a little before ``Learner.step`` reaches
     ``total_steps``; partial rollouts are rare (disconnects), so the difference is small.
     """
-    steps_per_update = flags.unroll_length * flags.batch_size
+    steps_per_update = settings.unroll_length * settings.batch_size
+    total_steps = settings.total_steps
 
     def factor(update: int) -> float:
-        return 1.0 - min(update * steps_per_update, flags.total_steps) / flags.total_steps
+        return 1.0 - min(update * steps_per_update, total_steps) / total_steps
 
     return factor
 
 
-def make_optimizer(flags: argparse.Namespace, model: nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(settings: LearnerSettings, model: nn.Module) -> torch.optim.Optimizer:
     """RMSprop (TorchBeast's) or Adam, from ``--optimizer``."""
-    if flags.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=flags.learning_rate, eps=flags.adam_epsilon)
+    if settings.optimizer == "adam":
+        return torch.optim.Adam(
+            model.parameters(), lr=settings.learning_rate, eps=settings.adam_epsilon
+        )
     return torch.optim.RMSprop(
         model.parameters(),
-        lr=flags.learning_rate,
-        momentum=flags.momentum,
-        eps=flags.epsilon,
-        alpha=flags.alpha,
+        lr=settings.learning_rate,
+        momentum=settings.momentum,
+        eps=settings.epsilon,
+        alpha=settings.alpha,
     )
 
 
@@ -163,16 +193,16 @@ class Learner:
 
     def __init__(
         self,
-        flags: argparse.Namespace,
+        settings: LearnerSettings,
         model: nn.Module,
         on_update: Callable[[nn.Module], None] | None = None,
         true_reward_stats: bool = False,
     ):
-        self.flags = flags
+        self.settings = settings
         self.model = model
         self.true_reward_stats = true_reward_stats
-        self.optimizer = make_optimizer(flags, model)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(flags))
+        self.optimizer = make_optimizer(settings, model)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(settings))
         self.on_update = on_update
         self.lock = threading.Lock()
         self.step = 0  # agent steps learned from
@@ -201,9 +231,9 @@ class Learner:
             # between them; the statistics describe the first pass.
             first_pass = None
             # A later pass that fails must not leave the earlier ones applied.
-            saved = self._snapshot() if self.flags.epochs > 1 else None
+            saved = self._snapshot() if self.settings.epochs > 1 else None
             try:
-                for _ in range(self.flags.epochs):
+                for _ in range(self.settings.epochs):
                     terms = self._losses(batch, initial_core_state, num_online)
                     norm = self._apply(terms.total_loss)
                     if first_pass is None:
@@ -253,7 +283,7 @@ class Learner:
         num_online: int | None,
     ) -> LossTerms:
         """The V-trace losses of ``batch`` under the current weights, and what they used."""
-        flags = self.flags
+        settings = self.settings
         learner_outputs, _ = self.model(batch, initial_core_state, act=False)
 
         # The last baseline bootstraps the value beyond the rollout.
@@ -274,14 +304,14 @@ class Learner:
             kl = losses.policy_kl(
                 learner_outputs["policy_logits"], batch["policy_logits"]
             )  # [T, B]
-            trusted = kl <= flags.trust_region_threshold
+            trusted = kl <= settings.trust_region_threshold
             replayed = real & ~online
             trusted_fraction = float((trusted & replayed).sum()) / max(int(replayed.sum()), 1)
             loss_mask = online | (replayed & trusted)  # [T, B]
             entropy_mask = online
 
-        rewards = losses.clip_rewards(batch["reward"], flags.reward_clipping)  # [T, B]
-        discounts = (~batch["done"]).float() * flags.discounting  # [T, B]
+        rewards = losses.clip_rewards(batch["reward"], settings.reward_clipping)  # [T, B]
+        discounts = (~batch["done"]).float() * settings.discounting  # [T, B]
 
         vtrace_returns = vtrace.from_logits(
             behavior_policy_logits=batch["policy_logits"],
@@ -294,16 +324,16 @@ class Learner:
             mask=loss_mask,
         )
         advantages = vtrace_returns.pg_advantages  # [T, B]
-        if flags.normalize_advantages:
+        if settings.normalize_advantages:
             advantages = losses.normalize(advantages, loss_mask)
 
         pg_loss = losses.policy_gradient_loss(
             learner_outputs["policy_logits"], batch["action"], advantages, mask=loss_mask
         )
-        baseline_loss = flags.baseline_cost * losses.baseline_loss(
+        baseline_loss = settings.baseline_cost * losses.baseline_loss(
             vtrace_returns.vs - learner_outputs["baseline"], mask=loss_mask
         )
-        entropy_loss = flags.entropy_cost * losses.entropy_loss(
+        entropy_loss = settings.entropy_cost * losses.entropy_loss(
             learner_outputs["policy_logits"], mask=entropy_mask
         )
         return LossTerms(
@@ -326,7 +356,9 @@ class Learner:
         """One optimizer step on ``total_loss``; returns the gradient norm before clipping."""
         self.optimizer.zero_grad()
         total_loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.flags.grad_norm_clipping)
+        grad_norm = nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.settings.grad_norm_clipping
+        )
         total, norm = float(total_loss.detach()), float(grad_norm)
         if not (math.isfinite(total) and math.isfinite(norm)):
             self.optimizer.zero_grad()
@@ -377,7 +409,7 @@ class Learner:
         if self.true_reward_stats:
             stats["mean_episode_true_return"] = mean_or_nan(batch["episode_true_return"][ended])
             stats["mean_episode_true_move"] = mean_or_nan(batch["episode_true_move"][ended])
-        if self.flags.replay_size > 0:
+        if self.settings.replay_size > 0:
             stats["replayed_columns"] = batch["reward"].shape[1] - terms.num_online
             stats["trusted_fraction"] = terms.trusted_fraction
         return stats

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from torchbeast.config import learner_settings
 from torchbeast.core import checkpoint
 from torchbeast.core.errors import UserError
 from torchbeast.core.filewriter import FileWriter
@@ -83,7 +84,7 @@ class Trainer:
         )
         self.proxy = riverraid.proxy_from_flags(flags)
         self.learner = Learner(
-            flags,
+            learner_settings(flags),
             model.to(self.device),
             on_update=self.publish,
             true_reward_stats=self.proxy is not None,
