@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchbeast.config import learner_settings
+from torchbeast.config import learner_settings, model_settings
 from torchbeast.core import checkpoint
 from torchbeast.core.checkpoint import CheckpointError
 from torchbeast.core.flags import parse_flags
@@ -20,7 +20,7 @@ OBSERVATION_SHAPE = (4,)
 def training_state() -> dict:
     """A checkpoint as a training run writes it: learner state, flags, env, model config."""
     flags = parse_flags(["--xpid", "test", "--env", "CartPole-v1", "--use_lstm"])
-    config = model_config(flags, OBSERVATION_SHAPE)
+    config = model_config(model_settings(flags), OBSERVATION_SHAPE)
     torch.manual_seed(0)
     learner = Learner(learner_settings(flags), create_model(config, OBSERVATION_SHAPE, 2))
     return dict(learner.state_dict(), flags=vars(flags).copy(), env=flags.env, model_config=config)
@@ -56,7 +56,7 @@ def test_loaded_state_restores_a_learner(tmp_path):
     state = training_state()
     checkpoint.save(path, state)
     flags = parse_flags(["--xpid", "test", "--env", "CartPole-v1", "--use_lstm"])
-    config = model_config(flags, OBSERVATION_SHAPE)
+    config = model_config(model_settings(flags), OBSERVATION_SHAPE)
     learner = Learner(learner_settings(flags), create_model(config, OBSERVATION_SHAPE, 2))
     learner.load_state_dict(checkpoint.load(path))
     assert_same_state(learner.state_dict()["model_state_dict"], state["model_state_dict"])

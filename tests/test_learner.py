@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchbeast.config import learner_settings
+from torchbeast.config import learner_settings, model_settings
 from torchbeast.core import losses, vtrace
 from torchbeast.core.flags import parse_flags
 from torchbeast.core.learner import Learner, NonFiniteLossError, explained_variance
@@ -32,7 +32,9 @@ def make_flags(*argv: str):
 
 def make_model(flags, seed=0):
     torch.manual_seed(seed)
-    return create_model(model_config(flags, OBSERVATION_SHAPE), OBSERVATION_SHAPE, A)
+    return create_model(
+        model_config(model_settings(flags), OBSERVATION_SHAPE), OBSERVATION_SHAPE, A
+    )
 
 
 def make_batch(seed=0) -> dict[str, torch.Tensor]:

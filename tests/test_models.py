@@ -6,16 +6,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchbeast.config import model_settings
 from torchbeast.core.errors import UserError
 from torchbeast.core.flags import parse_flags
-from torchbeast.core.models import count_parameters, create_model, model_config
+from torchbeast.core.models import ModelSettings, count_parameters, create_model, model_config
 
 ATARI_SHAPE = (4, 84, 84)
 VECTOR_SHAPE = (4,)
 
 
-def flags(*argv: str):
-    return parse_flags(["--xpid", "test", *argv])
+def flags(*argv: str) -> ModelSettings:
+    return model_settings(parse_flags(["--xpid", "test", *argv]))
 
 
 def make_model(observation_shape, num_actions, *argv: str):
@@ -358,11 +359,12 @@ def test_the_learners_model_starts_from_the_weight_init_flag(tmp_path, weight_in
     from torchbeast.runtime.training import Trainer
 
     spec = EnvSpec("PongNoFrameskip-v4", ATARI_SHAPE, np.dtype(np.uint8), 6)
-    trainer = Trainer(flags("--savedir", str(tmp_path), "--weight_init", weight_init), spec)
+    argv = ["--xpid", "test", "--savedir", str(tmp_path), "--weight_init", weight_init]
+    trainer = Trainer(parse_flags(argv), spec)
     weight = trainer.learner.model.torso.fc[0].weight.detach()  # [512, 3136]
     is_orthogonal = torch.allclose(weight @ weight.T, 2 * torch.eye(512), atol=1e-4)
     assert is_orthogonal == orthogonal
 
 
 def test_orthogonal_is_the_default_weight_init():
-    assert flags().weight_init == "orthogonal"
+    assert parse_flags([]).weight_init == "orthogonal"

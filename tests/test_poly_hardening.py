@@ -34,6 +34,7 @@ from tests.test_polybeast import (
     text,
     wait_for,
 )
+from torchbeast.config import model_settings
 from torchbeast.core.models import create_model, model_config
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import codec, trainer
@@ -96,7 +97,7 @@ def test_inference_rows_that_come_out_non_finite_fail_only_their_own_stream(tmp_
     flags = trainer.make_learner_parser("").parse_args([*LEARNER])
     trainer.finish_learner_flags(flags)
     pool = PolyActorPool(flags, spec=CARTPOLE)
-    config = model_config(flags, CARTPOLE.observation_shape)
+    config = model_config(model_settings(flags), CARTPOLE.observation_shape)
     pool.attach(create_model(config, (4,), 2), config, str(tmp_path))
 
     def request(observation: list[float]):

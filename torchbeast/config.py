@@ -7,9 +7,19 @@ import argparse
 import dataclasses
 
 from torchbeast.core.learner import LearnerSettings
+from torchbeast.core.models import ModelSettings
 
 
 def learner_settings(flags: argparse.Namespace) -> LearnerSettings:
     """The learner's settings: the flags of the same names."""
-    names = [field.name for field in dataclasses.fields(LearnerSettings)]
-    return LearnerSettings(**{name: getattr(flags, name) for name in names})
+    return _from_flags(LearnerSettings, flags)
+
+
+def model_settings(flags: argparse.Namespace) -> ModelSettings:
+    """The model's settings: the flags of the same names."""
+    return _from_flags(ModelSettings, flags)
+
+
+def _from_flags(settings_type, flags: argparse.Namespace):
+    names = [field.name for field in dataclasses.fields(settings_type)]
+    return settings_type(**{name: getattr(flags, name) for name in names})

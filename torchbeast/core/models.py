@@ -19,7 +19,7 @@ mode and greedy (argmax) in eval mode.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -228,8 +228,21 @@ def check_torso(kind: str, observation_shape: Sequence[int]) -> None:
         )
 
 
-def model_config(flags: argparse.Namespace, observation_shape: Sequence[int]) -> dict:
-    """The architecture a run uses, resolved from flags; stored in checkpoints."""
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """The model flags of the same names, built once at the edge (``torchbeast.config``);
+    None: the default for the observations."""
+
+    torso: str | None = None
+    use_resnet: bool = False
+    hidden_size: int | None = None
+    num_layers: int | None = None
+    use_lstm: bool = False
+
+
+def model_config(flags: ModelSettings, observation_shape: Sequence[int]) -> dict:
+    """The architecture a run uses, resolved from its model settings; stored in
+    checkpoints."""
     if flags.torso and flags.use_resnet and flags.torso != "resnet":
         raise UserError(f"--use_resnet asks for the ResNet torso, --torso for {flags.torso}")
     kind = flags.torso or default_torso(observation_shape, flags.use_resnet)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from torchbeast import envs
+from torchbeast.config import model_settings
 from torchbeast.core import checkpoint
 from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.models import create_model, model_config
@@ -64,7 +65,7 @@ def checkpoint_model_config(
 ) -> dict:
     """The checkpoint's model, so that test and eval commands need not repeat the model
     flags; a model flag that is given must match it."""
-    config = model_config(flags, observation_shape)
+    config = model_config(model_settings(flags), observation_shape)
     saved = state.get("model_config", {})
     if flags.hidden_size is None and "hidden_size" in saved:
         config["hidden_size"] = saved["hidden_size"]

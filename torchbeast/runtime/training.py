@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchbeast.config import learner_settings
+from torchbeast.config import learner_settings, model_settings
 from torchbeast.core import checkpoint
 from torchbeast.core.errors import UserError
 from torchbeast.core.filewriter import FileWriter
@@ -71,7 +71,7 @@ class Trainer:
     def __init__(self, flags: argparse.Namespace, env_spec: EnvSpec):
         self.flags = flags
         self.env_spec = env_spec
-        self.config = model_config(flags, self.env_spec.observation_shape)
+        self.config = model_config(model_settings(flags), self.env_spec.observation_shape)
         use_cuda = torch.cuda.is_available() and not flags.disable_cuda
         self.device = torch.device("cuda" if use_cuda else "cpu")
         if flags.seed is not None:
