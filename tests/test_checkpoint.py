@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from torchbeast.config import learner_settings, model_settings
+from torchbeast.config.flags import parse_flags
+from torchbeast.config.settings import learner_settings, model_settings
 from torchbeast.core import checkpoint
 from torchbeast.core.checkpoint import CheckpointError
-from torchbeast.core.flags import parse_flags
 from torchbeast.core.learner import Learner
 from torchbeast.core.models import create_model, model_config
 from torchbeast.core.spec import EnvSpec

@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from torchbeast.core.flags import parse_flags
+from torchbeast.config.flags import parse_flags
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs import BatchedEnv, EnvError, create_env, env_spec, make_single_atari
 from torchbeast.runtime.poly.trainer import env_flags, make_learner_parser

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbeast.core import flags
+from torchbeast.config import flags
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

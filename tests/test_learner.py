@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchbeast.config import learner_settings, model_settings
+from torchbeast.config.flags import parse_flags
+from torchbeast.config.settings import learner_settings, model_settings
 from torchbeast.core import losses, vtrace
-from torchbeast.core.flags import parse_flags
 from torchbeast.core.learner import Learner, NonFiniteLossError, explained_variance
 from torchbeast.core.models import create_model, model_config
 from torchbeast.core.rollout import rollout_spec

@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchbeast.config import model_settings
+from torchbeast.config.flags import parse_flags
+from torchbeast.config.settings import model_settings
 from torchbeast.core.errors import UserError
-from torchbeast.core.flags import parse_flags
 from torchbeast.core.models import ModelSettings, count_parameters, create_model, model_config
 
 ATARI_SHAPE = (4, 84, 84)

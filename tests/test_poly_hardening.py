@@ -34,7 +34,7 @@ from tests.test_polybeast import (
     text,
     wait_for,
 )
-from torchbeast.config import model_settings
+from torchbeast.config.settings import model_settings
 from torchbeast.core.models import create_model, model_config
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import codec, trainer

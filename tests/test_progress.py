@@ -25,7 +25,7 @@ def test_durations_read_as_a_person_would_say_them(seconds, text):
 
 
 def trainer(*argv: str, tmp_path):
-    from torchbeast.core.flags import parse_flags
+    from torchbeast.config.flags import parse_flags
     from torchbeast.envs import env_spec
     from torchbeast.runtime.training import Trainer
 

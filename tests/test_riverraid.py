@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.test_monobeast import REPO, assert_one_error_line, monobeast, read_rows
-from torchbeast.core.flags import parse_flags
+from torchbeast.config.flags import parse_flags
 from torchbeast.core.models import count_parameters, create_model
 from torchbeast.envs import BatchedEnv, EnvError, create_env, riverraid
 from torchbeast.envs.riverraid import (

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from tests.test_polybeast import REPO
-from torchbeast.core.flags import parse_flags
+from torchbeast.config.flags import parse_flags
 from torchbeast.envs import worker_seed
 from torchbeast.runtime.acting import actor_seed
 

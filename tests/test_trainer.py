@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from torchbeast.config.flags import parse_flags
 from torchbeast.core import rollout
-from torchbeast.core.flags import parse_flags
 from torchbeast.envs import env_spec
 from torchbeast.runtime.acting import Unroller
 from torchbeast.runtime.training import Trainer, TrainingError

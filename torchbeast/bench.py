@@ -31,13 +31,13 @@ import time
 import torch
 
 from torchbeast.cli import report_errors
-from torchbeast.core.filewriter import setup_console_logging
-from torchbeast.core.flags import (
+from torchbeast.config.flags import (
     nonnegative_int,
     parse_flags,
     positive_int,
     resolve_num_buffers,
 )
+from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.raybeast import add_ray_flags
 from torchbeast.runtime.poly.trainer import make_learner_parser
 from torchbeast.runtime.registry import RUNTIMES

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import gymnasium as gym
 import torch
 
+from torchbeast.config.flags import parse_flags
 from torchbeast.core.errors import UserError
-from torchbeast.core.flags import parse_flags
 from torchbeast.runtime import evaluation
 
 # gym's DependencyNotInstalled: e.g. --mode test_render of CartPole without pygame.

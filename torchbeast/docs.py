@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from torchbeast import raybeast
-from torchbeast.core import flags
+from torchbeast.config import flags
 from torchbeast.runtime.poly import trainer
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from torchbeast.cli import run
-from torchbeast.core.flags import make_parser
+from torchbeast.config.flags import make_parser
 from torchbeast.runtime import mono
 
 

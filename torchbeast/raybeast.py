@@ -10,8 +10,8 @@ import argparse
 import sys
 
 from torchbeast.cli import run
-from torchbeast.core import flags as core_flags
-from torchbeast.core.flags import make_parser
+from torchbeast.config import flags as core_flags
+from torchbeast.config.flags import make_parser
 from torchbeast.runtime.registry import RUNTIMES
 
 

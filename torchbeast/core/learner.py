@@ -44,7 +44,7 @@ class NonFiniteLossError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class LearnerSettings:
     """What the learner step needs, built once from the flags at the edge
-    (``torchbeast.config.learner_settings``); the fields are the flags of the same names."""
+    (``torchbeast.config.settings``); the fields are the flags of the same names."""
 
     # The loss.
     discounting: float

@@ -230,7 +230,7 @@ def check_torso(kind: str, observation_shape: Sequence[int]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
-    """The model flags of the same names, built once at the edge (``torchbeast.config``);
+    """The model flags of the same names, built once at the edge (``torchbeast.config.settings``);
     None: the default for the observations."""
 
     torso: str | None = None

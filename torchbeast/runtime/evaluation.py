@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from torchbeast import envs
-from torchbeast.config import model_settings
+from torchbeast.config.settings import model_settings
 from torchbeast.core import checkpoint
 from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.models import create_model, model_config

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchbeast.config import learner_settings, model_settings
+from torchbeast.config.settings import learner_settings, model_settings
 from torchbeast.core import checkpoint
 from torchbeast.core.errors import UserError
 from torchbeast.core.filewriter import FileWriter

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from torchbeast.core import flags as core_flags
-from torchbeast.core.flags import nonnegative_int, positive_int
+from torchbeast.config import flags as core_flags
+from torchbeast.config.flags import nonnegative_int, positive_int
 from torchbeast.runtime.poly import network
 
 

@@ -15,8 +15,8 @@ from concurrent import futures
 
 import grpc
 
+from torchbeast.config.flags import positive_int
 from torchbeast.core.errors import UserError
-from torchbeast.core.flags import positive_int
 
 log = logging.getLogger("torchbeast")
 

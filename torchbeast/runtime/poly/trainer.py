@@ -15,15 +15,15 @@ import torch
 from torch import nn
 
 from torchbeast import envs
-from torchbeast.core import checkpoint
-from torchbeast.core import flags as core_flags
-from torchbeast.core.filewriter import setup_console_logging
-from torchbeast.core.flags import (
+from torchbeast.config import flags as core_flags
+from torchbeast.config.flags import (
     make_parser,
     nonnegative_float,
     positive_float,
     positive_int,
 )
+from torchbeast.core import checkpoint
+from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs.riverraid import PROXY_FLAGS
 from torchbeast.runtime.poly import env_side, network
