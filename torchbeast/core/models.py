@@ -240,20 +240,20 @@ class ModelSettings:
     use_lstm: bool = False
 
 
-def model_config(flags: ModelSettings, observation_shape: Sequence[int]) -> dict:
+def model_config(settings: ModelSettings, observation_shape: Sequence[int]) -> dict:
     """The architecture a run uses, resolved from its model settings; stored in
     checkpoints."""
-    if flags.torso and flags.use_resnet and flags.torso != "resnet":
-        raise UserError(f"--use_resnet asks for the ResNet torso, --torso for {flags.torso}")
-    kind = flags.torso or default_torso(observation_shape, flags.use_resnet)
+    if settings.torso and settings.use_resnet and settings.torso != "resnet":
+        raise UserError(f"--use_resnet asks for the ResNet torso, --torso for {settings.torso}")
+    kind = settings.torso or default_torso(observation_shape, settings.use_resnet)
     check_torso(kind, observation_shape)
     default_hidden = {"atari": 512, "resnet": 256, "grid": 128, "mlp": 64}[kind]
     default_layers = 2 if kind == "mlp" else 1
     return dict(
         kind=kind,
-        hidden_size=flags.hidden_size or default_hidden,
-        num_layers=flags.num_layers or default_layers,
-        use_lstm=bool(flags.use_lstm),
+        hidden_size=settings.hidden_size or default_hidden,
+        num_layers=settings.num_layers or default_layers,
+        use_lstm=bool(settings.use_lstm),
     )
 
 
