@@ -174,6 +174,42 @@ def test_gradient_norm_is_clipped_to_grad_norm_clipping():
     assert float(applied) == pytest.approx(0.001, rel=1e-4)
 
 
+def first_step(flags) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """The parameters before and after one update, and the clipped gradients it applied."""
+    learner = Learner(learner_settings(flags), make_model(flags))
+    before = parameters(learner.model)
+    learner.learn(make_batch())
+    gradients = [p.grad.clone() for p in learner.model.parameters()]
+    return before, parameters(learner.model), gradients
+
+
+def test_rmsprop_mean_square_starting_at_one_makes_a_small_first_step():
+    # TensorFlow's RMSProp (IMPALA's): ms = alpha * 1 + (1 - alpha) * g^2 at the first step.
+    flags = make_flags("--rmsprop_init", "1")
+    lr, alpha, eps = flags.learning_rate, flags.alpha, flags.epsilon
+    before, after, gradients = first_step(flags)
+    for old, new, g in zip(before, after, gradients, strict=True):
+        expected = old - lr * g / (torch.sqrt(alpha + (1 - alpha) * g * g) + eps)
+        torch.testing.assert_close(new, expected, rtol=1e-5, atol=1e-9)
+
+
+def test_rmsprop_mean_square_starting_at_zero_is_pytorchs_rmsprop():
+    flags = make_flags("--rmsprop_init", "0")
+    before, after, gradients = first_step(flags)
+    model = make_model(flags)
+    optimizer = torch.optim.RMSprop(
+        model.parameters(), lr=flags.learning_rate, alpha=flags.alpha, eps=flags.epsilon
+    )
+    for param, g in zip(model.parameters(), gradients, strict=True):
+        param.grad = g
+    optimizer.step()
+    for expected, new in zip(model.parameters(), after, strict=True):
+        torch.testing.assert_close(new, expected.detach())
+    # From 0 the first step moves every weight by about 10 x LR whatever its gradient.
+    moved = torch.cat([(new - old).abs().flatten() for old, new in zip(before, after, strict=True)])
+    assert float(moved.median()) == pytest.approx(10 * flags.learning_rate, rel=0.01)
+
+
 # Non-finite losses are refused.
 
 

@@ -293,6 +293,15 @@ def make_parser(
     add("--alpha", default=0.99, type=unit_float, help="RMSProp smoothing constant.")
     add("--momentum", default=0, type=nonnegative_float, help="RMSProp momentum.")
     add("--epsilon", default=1e-5, type=positive_float, help="RMSProp epsilon.")
+    add(
+        "--rmsprop_init",
+        default=1.0,
+        type=nonnegative_float,
+        metavar="MS",
+        help="(new) The value RMSProp's mean square starts at: 1 as in TensorFlow's RMSProp, "
+        "which IMPALA used (small first steps); 0 is PyTorch's, the original's (the first "
+        "step moves every weight by about 10 x LR).",
+    )
     add("--adam_epsilon", default=1e-8, type=positive_float, help="(new) Adam epsilon.")
     add(
         "--grad_norm_clipping",
