@@ -79,3 +79,25 @@ if "Float64Observation-v0" not in gym.registry:
     gym.register("Float64Observation-v0", entry_point=Float64ObservationEnv)
     gym.register("SelfKilling-v0", entry_point=SelfKillingEnv)
     gym.register("Raising-v0", entry_point=RaisingEnv)
+
+
+class CoinsEnv(OverflowRewardEnv):
+    """Episodes of 10 steps with reward 1 that also report an episode extra, "coins": each
+    step's info holds 2 coins under "coins_this_step", so every episode collects 20."""
+
+    metadata = {"render_modes": [], "episode_extras": {"coins": "coins_this_step"}}
+
+    def __init__(self):
+        super().__init__(overflow_after=10**12)
+
+    def reset(self, *, seed=None, options=None):
+        observation, _ = super().reset(seed=seed)
+        return observation, {"coins_this_step": 0.0}
+
+    def step(self, action):
+        observation, reward, terminated, truncated, _ = super().step(action)
+        return observation, reward, terminated, truncated, {"coins_this_step": 2.0}
+
+
+if "Coins-v0" not in gym.registry:
+    gym.register("Coins-v0", entry_point=CoinsEnv)

@@ -1,5 +1,6 @@
 """Specification of checkpoints: round trip, clear errors, compatibility, atomic writes."""
 
+import dataclasses
 import os
 
 import numpy as np
@@ -126,6 +127,31 @@ def test_check_spec_refuses_a_checkpoint_of_another_observation_or_action_count(
 def test_saved_spec_reads_back_what_spec_state_wrote():
     pong = EnvSpec("PongNoFrameskip-v4", (4, 84, 84), np.dtype("uint8"), 6)
     assert checkpoint.saved_spec({"env_spec": checkpoint.spec_state(pong)}) == pong
+
+
+PLAIN = EnvSpec("tests.envs_for_tests:Coins-v0", (3,), np.dtype("float32"), 2)
+WITH_EXTRAS = dataclasses.replace(PLAIN, episode_extras=("coins", "gems"))
+
+
+def test_saved_spec_reads_back_the_episode_extras():
+    state = {"env_spec": checkpoint.spec_state(WITH_EXTRAS)}
+    assert checkpoint.saved_spec(state) == WITH_EXTRAS
+    assert checkpoint.saves_episode_extras(state)
+
+
+def test_a_checkpoint_older_than_the_episode_extras_still_loads_its_spec():
+    older = checkpoint.spec_state(PLAIN)
+    del older["episode_extras"]
+    assert checkpoint.saved_spec({"env_spec": older}) == PLAIN
+    assert not checkpoint.saves_episode_extras({"env_spec": older})
+    assert not checkpoint.saves_episode_extras({})
+    checkpoint.check_spec({"env_spec": older}, WITH_EXTRAS, "model.tar")
+
+
+def test_check_spec_lets_a_run_resume_with_other_episode_extras():
+    # They are logged, not learned from (e.g. Riverraid resumed without its proxy flags).
+    state = {"env_spec": checkpoint.spec_state(WITH_EXTRAS)}
+    checkpoint.check_spec(state, PLAIN, "model.tar")
 
 
 # A checkpoint is only used for the env and model it was trained with.

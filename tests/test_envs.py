@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from tests.envs_for_tests import CoinsEnv
 from torchbeast.config.flags import parse_flags
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs import BatchedEnv, EnvError, create_env, env_spec, make_single_atari
@@ -284,6 +285,52 @@ def test_minatar_episode_return_is_the_sum_of_its_rewards(make_env):
 
 def test_env_spec_describes_the_env_without_keeping_it():
     assert env_spec("CartPole-v1") == EnvSpec("CartPole-v1", (4,), np.dtype(np.float32), 2)
+
+
+# Episode extras: figures an env reports besides its return, declared in its metadata.
+
+COINS = "tests.envs_for_tests:Coins-v0"
+
+
+def test_an_env_names_its_episode_extras_in_its_spec():
+    assert env_spec(COINS).episode_extras == ("coins",)
+    assert env_spec("CartPole-v1").episode_extras == ()
+
+
+def test_an_episode_extra_adds_up_its_steps_info_and_restarts_with_the_next_episode(make_env):
+    env = make_env(COINS, num_envs=2)
+    end, rewards, after = play_until_first_episode_end(env)
+    assert len(rewards) == 10
+    np.testing.assert_array_equal(end["episode_coins"], [20.0, 20.0])  # 2 coins a step
+    np.testing.assert_array_equal(after["episode_coins"], [2.0, 2.0])
+    np.testing.assert_array_equal(env.reset(seed=1)["episode_coins"], [0.0, 0.0])
+
+
+def test_an_env_without_episode_extras_steps_only_the_usual_columns(make_env):
+    env = make_env("CartPole-v1")
+    env.reset(seed=0)
+    assert sorted(env.step(np.zeros(1, np.int64))) == [
+        "done", "episode_end", "episode_return", "episode_step", "frame", "last_action", "reward"
+    ]  # fmt: skip
+
+
+def coins_env_declaring(extras: dict) -> BatchedEnv:
+    class Declaring(CoinsEnv):
+        metadata = {"render_modes": [], "episode_extras": extras}
+
+    return BatchedEnv(gym.vector.SyncVectorEnv([Declaring]), "Declaring-v0", track_lives=False)
+
+
+def test_an_episode_extra_missing_from_the_steps_info_is_one_clear_error():
+    env = coins_env_declaring({"coins": "gold"})
+    env.reset(seed=0)
+    with pytest.raises(EnvError, match="info\\['gold'\\] but its steps' info has no such key"):
+        env.step(np.zeros(1, np.int64))
+
+
+def test_an_episode_extra_that_would_clash_with_a_rollout_column_is_refused():
+    with pytest.raises(EnvError, match="'step' would clash with the rollout's episode_step"):
+        coins_env_declaring({"step": "coins_this_step"})
 
 
 # Unknown ids.

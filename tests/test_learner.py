@@ -37,11 +37,11 @@ def make_model(flags, seed=0):
     )
 
 
-def make_batch(seed=0) -> dict[str, torch.Tensor]:
+def make_batch(seed=0, env_spec: EnvSpec = ENV_SPEC) -> dict[str, torch.Tensor]:
     """A random batch with every key of the rollout spec, [T+1, B, ...]."""
     generator = torch.Generator().manual_seed(seed)
     batch = {}
-    for name, (shape, dtype) in rollout_spec(ENV_SPEC, T).items():
+    for name, (shape, dtype) in rollout_spec(env_spec, T).items():
         shape = (shape[0], B, *shape[1:])
         if dtype == torch.bool:
             batch[name] = torch.rand(shape, generator=generator) < 0.2
@@ -281,6 +281,31 @@ def test_episode_ending_in_the_overlap_step_is_not_counted_again():
     batch["episode_return"][0, 0], batch["episode_return"][3, 1] = 99.0, 7.0
     stats = Learner(learner_settings(flags), make_model(flags)).learn(batch)
     assert (stats["mean_episode_return"], stats["episodes"]) == (7.0, 1)
+
+
+def test_each_episode_extra_is_averaged_by_name_over_the_episodes_that_ended():
+    flags = make_flags()
+    spec = dataclasses.replace(ENV_SPEC, episode_extras=("coins", "gems"))
+    batch = make_batch(env_spec=spec)
+    batch["episode_end"][:] = False
+    batch["episode_end"][0, 1] = True  # the overlap step: reported by the last batch
+    batch["episode_end"][2, 0] = batch["episode_end"][5, 2] = True
+    batch["episode_coins"][0, 1], batch["episode_coins"][2, 0] = 1000.0, 4.0
+    batch["episode_coins"][5, 2] = 6.0
+    batch["episode_gems"][2, 0], batch["episode_gems"][5, 2] = -1.0, -3.0
+    learner = Learner(learner_settings(flags), make_model(flags), episode_extras=("coins", "gems"))
+    stats = learner.learn(batch)
+    assert (stats["mean_episode_coins"], stats["mean_episode_gems"]) == (5.0, -2.0)
+    assert list(stats).index("mean_episode_coins") > list(stats).index("mean_episode_length")
+
+
+def test_an_env_without_episode_extras_logs_none():
+    flags = make_flags()
+    stats = Learner(learner_settings(flags), make_model(flags)).learn(make_batch())
+    assert sorted(key for key in stats if key.startswith("mean_episode_")) == [
+        "mean_episode_length",
+        "mean_episode_return",
+    ]
 
 
 # State.

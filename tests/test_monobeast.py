@@ -397,6 +397,24 @@ def test_float64_observations_are_learned_from_as_float32(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+def test_an_envs_episode_extras_reach_logs_csv_and_eval_json_by_name(tmp_path):
+    coins = "tests.envs_for_tests:Coins-v0"  # 2 coins a step, episodes of 10 steps
+    result = monobeast(
+        tmp_path, *SMALL_RUN, "--env", coins, "--total_steps", "800", "--xpid", "run"
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [row for row in read_rows(tmp_path / "run" / "logs.csv") if row["episodes"] != "0"]
+    assert rows and all(float(row["mean_episode_coins"]) == 20.0 for row in rows)
+    evaluated = monobeast(
+        tmp_path, "--env", coins, "--mode", "eval", "--xpid", "run", "--num_episodes", "2"
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    report = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert report["coins"] == {"mean": 20.0, "std": 0.0}
+    assert [episode["coins"] for episode in report["episodes"]] == [20.0, 20.0]
+    assert "coins_per_step" not in report  # returns only (*_return) are also given per step
+
+
 def test_actors_that_keep_dying_stop_training_with_one_line(tmp_path):
     result = monobeast(
         tmp_path,

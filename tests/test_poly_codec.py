@@ -1,5 +1,6 @@
 """PolyBeast's wire format: raw arrays with dtype and shape, checked against the Hello."""
 
+import dataclasses
 import filecmp
 import os
 import subprocess
@@ -27,8 +28,7 @@ def env_step(num_envs: int, spec: EnvSpec = PONG, seed: int = 0) -> dict[str, np
         episode_end=rng.random(num_envs) < 0.5,
         episode_return=rng.normal(size=num_envs).astype(np.float32),
         episode_step=rng.integers(0, 1000, num_envs).astype(np.int32),
-        episode_true_return=rng.normal(size=num_envs).astype(np.float32),
-        episode_true_move=rng.normal(size=num_envs).astype(np.float32),
+        **{key: rng.normal(size=num_envs).astype(np.float32) for key in spec.extra_keys},
     )
 
 
@@ -182,3 +182,72 @@ def test_a_step_with_a_non_finite_float_observation_is_refused():
     message = codec.step_message(step)
     with pytest.raises(codec.ProtocolError, match="observation must be finite"):
         codec.read_step(message, spec, 1, codec.max_step_bytes(spec, 1))
+
+
+# Episode extras: named per-episode figures, carried generically.
+
+COINS = EnvSpec("tests.envs_for_tests:Coins-v0", (3,), np.dtype("float32"), 2, ("coins", "gems"))
+
+
+def test_a_step_with_episode_extras_round_trips_them_by_name():
+    step = env_step(num_envs=3, spec=COINS)
+    message = codec.step_message(step, COINS.episode_extras)
+    assert sorted(message.step.episode_extras) == ["coins", "gems"]
+    wire = pb.EnvMessage.FromString(message.SerializeToString())
+    fields, _ = codec.read_step(wire, COINS, 3, codec.max_step_bytes(COINS, 3))
+    for key in ("episode_coins", "episode_gems"):
+        np.testing.assert_array_equal(fields[key], step[key])
+
+
+def test_hello_round_trips_the_names_of_the_episode_extras():
+    wire = pb.EnvMessage.FromString(codec.hello("client", COINS, 2).SerializeToString())
+    assert list(wire.hello.episode_extras) == ["coins", "gems"]
+    assert codec.read_hello(wire) == ("client", COINS, 2)
+
+
+def test_a_step_without_an_episode_extra_its_hello_named_is_refused():
+    message = codec.step_message(env_step(num_envs=1, spec=COINS), ("coins",))
+    with pytest.raises(codec.ProtocolError, match=r"\['coins'\] are not the Hello's"):
+        codec.read_step(message, COINS, 1, codec.max_step_bytes(COINS, 1))
+
+
+def test_a_step_with_an_episode_extra_its_hello_did_not_name_is_refused():
+    message = codec.step_message(env_step(num_envs=1, spec=COINS), COINS.episode_extras)
+    plain = dataclasses.replace(COINS, episode_extras=())
+    with pytest.raises(codec.ProtocolError, match=r"\['coins', 'gems'\] are not the Hello's \[\]"):
+        codec.read_step(message, plain, 1, codec.max_step_bytes(plain, 1))
+
+
+def test_an_episode_extra_that_misses_an_env_or_is_not_finite_is_refused():
+    message = codec.step_message(env_step(num_envs=2, spec=COINS), COINS.episode_extras)
+    del message.step.episode_extras["gems"].values[1]
+    with pytest.raises(codec.ProtocolError, match="extra gems has 1 entries, not 2"):
+        codec.read_step(message, COINS, 2, codec.max_step_bytes(COINS, 2))
+    message = codec.step_message(env_step(num_envs=1, spec=COINS), COINS.episode_extras)
+    message.step.episode_extras["coins"].values[0] = float("inf")
+    with pytest.raises(codec.ProtocolError, match="extra coins must be finite"):
+        codec.read_step(message, COINS, 1, codec.max_step_bytes(COINS, 1))
+
+
+@pytest.mark.parametrize(
+    "names, error",
+    [
+        (["return"], "clash with the rollout's episode_return"),
+        (["a,b"], "is not a name"),
+        (["coins", "coins"], "name one figure twice"),
+        ([f"x{i}" for i in range(17)], "at most 16 episode extras"),
+    ],
+)
+def test_a_hello_with_episode_extras_that_cannot_be_columns_is_refused(names, error):
+    message = codec.hello("client", PONG, 1)
+    message.hello.episode_extras.extend(names)
+    with pytest.raises(codec.ProtocolError, match=error):
+        codec.read_hello(message)
+
+
+def test_the_largest_step_with_the_most_episode_extras_fits_the_size_limit():
+    names = tuple(f"{i:02d}".rjust(64, "x") for i in range(codec.MAX_EPISODE_EXTRAS))
+    spec = EnvSpec("Extras-v0", (4,), np.dtype("float32"), 2, names)
+    step = env_step(num_envs=codec.MAX_ENVS_PER_STREAM, spec=spec)
+    message = codec.step_message(step, names)
+    assert message.ByteSize() <= codec.max_step_bytes(spec, codec.MAX_ENVS_PER_STREAM)

@@ -7,6 +7,7 @@ training goes on (or that the learner stops with one line) and that nothing save
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import shutil
@@ -383,6 +384,15 @@ def test_a_learner_told_its_env_refuses_a_hello_that_disagrees(cartpole_run):
     assert "CartPole-v1 (float32 [5], 3 actions)" in error.details()
     assert "the run's CartPole-v1 (float32 [4], 2 actions)" in error.details()
     assert "decides" not in cartpole_run.output()  # told its env: no Hello decides it
+    cartpole_run.assert_still_trains()
+
+
+def test_a_learner_refuses_a_hello_whose_episode_extras_are_not_the_runs(cartpole_run):
+    reporting = dataclasses.replace(CARTPOLE, episode_extras=("coins",))
+    error = bad_stream(cartpole_run.address, [codec.hello("coins", reporting)], token=None)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "CartPole-v1 (float32 [4], 2 actions, episode extras coins)" in error.details()
+    assert "the run's CartPole-v1 (float32 [4], 2 actions)" in error.details()
     cartpole_run.assert_still_trains()
 
 

@@ -126,6 +126,20 @@ def test_riverraid_proxy_is_computed_by_the_env_servers_and_logged_by_the_learne
     assert "WARNING" not in evaluated.stdout + evaluated.stderr  # the same proxy flags
 
 
+def test_an_envs_episode_extras_cross_the_wire_and_reach_logs_csv(tmp_path, sockets):
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast", *LEARNER[2:],
+         "--env", "tests.envs_for_tests:Coins-v0", "--num_actors", "2", "--num_servers", "1",
+         "--pipes_basename", f"unix:{sockets}/env", "--total_steps", "800",
+         "--savedir", str(tmp_path), "--xpid", "run"],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    # Episodes of 10 steps, 2 coins a step, summed where the env runs.
+    rows = [row for row in read_rows(tmp_path / "run" / "logs.csv") if row["episodes"] != "0"]
+    assert rows and all(float(row["mean_episode_coins"]) == 20.0 for row in rows)
+
+
 def test_learner_dials_env_servers_over_tcp(tmp_path, processes):
     servers = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
     env_log = tmp_path / "env.log"
@@ -334,7 +348,7 @@ def step_of(observation: np.ndarray) -> pb.EnvMessage:
         step=pb.Step(
             observation=pb.ArrayNest(array=codec.encode_array(observation)),
             reward=[0.0], done=[False], episode_end=[False], episode_return=[0.0],
-            episode_step=[0], episode_true_return=[0.0], episode_true_move=[0.0],
+            episode_step=[0],
         )
     )  # fmt: skip
 

@@ -232,7 +232,7 @@ def test_the_last_step_of_a_game_keeps_its_true_reward_through_the_vector_env():
         [lambda: scripted_env(frames, RewardProxy(move_penalty=1, true_move_penalty=2))],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    env = BatchedEnv(vector, RIVERRAID, track_lives=True, true_reward_in_info=True)
+    env = BatchedEnv(vector, RIVERRAID, track_lives=True)
     env.reset()
     steps = [env.step(np.zeros(1, np.int64)) for _ in range(3)]
     last = steps[-1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 
@@ -62,11 +63,13 @@ def spec_state(spec: EnvSpec) -> dict:
         observation_shape=list(spec.observation_shape),
         observation_dtype=np.dtype(spec.observation_dtype).name,
         num_actions=spec.num_actions,
+        episode_extras=list(spec.episode_extras),
     )
 
 
 def saved_spec(state: dict) -> EnvSpec | None:
-    """The env spec a checkpoint was trained on (None for checkpoints older than the field)."""
+    """The env spec a checkpoint was trained on (None for checkpoints older than the field;
+    no episode extras for those older than that field: see ``saves_episode_extras``)."""
     saved = state.get("env_spec")
     if saved is None:
         return None
@@ -75,13 +78,20 @@ def saved_spec(state: dict) -> EnvSpec | None:
         tuple(saved["observation_shape"]),
         np.dtype(saved["observation_dtype"]),
         int(saved["num_actions"]),
+        tuple(saved.get("episode_extras", ())),
     )
 
 
+def saves_episode_extras(state: dict) -> bool:
+    """Whether the checkpoint's env spec names the env's episode extras (older ones do not)."""
+    return "episode_extras" in state.get("env_spec", {})
+
+
 def check_spec(state: dict, spec: EnvSpec, path: str) -> None:
-    """Refuses a checkpoint trained on an environment with other observations or actions."""
+    """Refuses a checkpoint trained on an environment with other observations or actions.
+    (The episode extras may differ: they are logged, not learned from.)"""
     saved = saved_spec(state)
-    if saved is not None and saved != spec:
+    if saved is not None and dataclasses.replace(saved, episode_extras=spec.episode_extras) != spec:
         raise CheckpointError(
             f"checkpoint {path} was trained on {describe_spec(saved)}, but the environment "
             f"now is {describe_spec(spec)}: use the environment and flags it was trained "
@@ -90,10 +100,11 @@ def check_spec(state: dict, spec: EnvSpec, path: str) -> None:
 
 
 def describe_spec(spec: EnvSpec) -> str:
-    """``CartPole-v1 (float32 [4], 2 actions)``."""
+    """``CartPole-v1 (float32 [4], 2 actions)``, with ``, episode extras a, b`` if any."""
+    extras = f", episode extras {', '.join(spec.episode_extras)}" if spec.episode_extras else ""
     return (
         f"{spec.env_id} ({np.dtype(spec.observation_dtype).name} "
-        f"{list(spec.observation_shape)}, {spec.num_actions} actions)"
+        f"{list(spec.observation_shape)}, {spec.num_actions} actions{extras})"
     )
 
 

@@ -32,6 +32,7 @@ from torch import nn
 
 from torchbeast.core import losses, vtrace
 from torchbeast.core.models import CoreState
+from torchbeast.core.spec import extra_key
 
 # An importance weight counts as clipped when it exceeds V-trace's clip at 1 by 1%.
 CLIP_MARGIN = math.log(1.01)
@@ -212,8 +213,8 @@ class Learner:
 
     Thread-safe: several learner threads may call ``learn``; updates are serialised.
     ``on_update(model)`` runs inside the lock after each update (e.g. to publish weights).
-    ``true_reward_stats``: the env trains on a reward proxy; also log the episodes' true
-    return and true move.
+    ``episode_extras``: the env's extra per-episode figures (``EnvSpec.episode_extras``);
+    each is logged as ``mean_episode_<name>`` over the episodes that ended.
     """
 
     def __init__(
@@ -221,11 +222,11 @@ class Learner:
         settings: LearnerSettings,
         model: nn.Module,
         on_update: Callable[[nn.Module], None] | None = None,
-        true_reward_stats: bool = False,
+        episode_extras: tuple[str, ...] = (),
     ):
         self.settings = settings
         self.model = model
-        self.true_reward_stats = true_reward_stats
+        self.episode_extras = episode_extras
         self.optimizer = make_optimizer(settings, model)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(settings))
         self.on_update = on_update
@@ -431,9 +432,9 @@ class Learner:
             stats["policy_lag"] = updates_before - stats.pop("policy_version")
         # Agent steps of the episodes that ended (whole games for Atari).
         stats["mean_episode_length"] = mean_or_nan(batch["episode_step"][ended].float())
-        if self.true_reward_stats:
-            stats["mean_episode_true_return"] = mean_or_nan(batch["episode_true_return"][ended])
-            stats["mean_episode_true_move"] = mean_or_nan(batch["episode_true_move"][ended])
+        for name in self.episode_extras:
+            key = extra_key(name)
+            stats[f"mean_{key}"] = mean_or_nan(batch[key][ended])
         if self.settings.replay_size > 0:
             stats["replayed_columns"] = batch["reward"].shape[1] - terms.num_online
             stats["trusted_fraction"] = terms.trusted_fraction

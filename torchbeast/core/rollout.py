@@ -1,7 +1,9 @@
 """The rollout spec: what one actor's unroll holds, shared by every runtime.
 
 A rollout is ``unroll_length + 1`` steps: index 0 repeats the last step of the previous
-rollout (so the learner can bootstrap and line up actions), indices 1..T are new.
+rollout (so the learner can bootstrap and line up actions), indices 1..T are new. An
+environment's episode extras (``EnvSpec.episode_extras``) add one float column each,
+``episode_<name>``, summed over the episode like ``episode_return``.
 """
 
 from __future__ import annotations
@@ -38,8 +40,7 @@ def rollout_spec(env_spec: EnvSpec, unroll_length: int) -> dict[str, tuple[tuple
         reward=((T1,), torch.float32),
         done=((T1,), torch.bool),
         episode_return=((T1,), torch.float32),
-        episode_true_return=((T1,), torch.float32),
-        episode_true_move=((T1,), torch.float32),
+        **{key: ((T1,), torch.float32) for key in env_spec.extra_keys},
         episode_step=((T1,), torch.int32),
         episode_end=((T1,), torch.bool),
         last_action=((T1,), torch.int64),
@@ -74,10 +75,13 @@ ENV_KEYS = (
     "reward",
     "done",
     "episode_return",
-    "episode_true_return",
-    "episode_true_move",
     "episode_step",
     "episode_end",
     "last_action",
 )
 AGENT_KEYS = ("policy_logits", "baseline", "action", "policy_version")
+
+
+def env_keys(env_spec: EnvSpec) -> tuple[str, ...]:
+    """What an environment step writes into a rollout: ENV_KEYS and its episode extras."""
+    return ENV_KEYS + env_spec.extra_keys

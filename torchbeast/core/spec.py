@@ -6,12 +6,59 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# The rollout's own per-episode columns (episode_return, ...): no extra may take their names.
+RESERVED_EXTRA_NAMES = frozenset(("return", "step", "end"))
+MAX_EXTRA_NAME_LENGTH = 64
+
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """What the learner needs to know about an environment."""
+    """What the learner needs to know about an environment.
+
+    ``episode_extras``: the names of the extra per-episode figures the environment reports
+    besides its return (Riverraid with a reward proxy: its true return and move). Each
+    travels in the rollout as ``episode_<name>`` and is logged as ``mean_episode_<name>``.
+    """
 
     env_id: str
     observation_shape: tuple[int, ...]
     observation_dtype: np.dtype
     num_actions: int
+    episode_extras: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "episode_extras", tuple(self.episode_extras))
+        problem = _extras_problem(self.episode_extras)
+        if problem is not None:
+            raise ValueError(f"{self.env_id}: {problem}")
+
+    @property
+    def extra_keys(self) -> tuple[str, ...]:
+        """The rollout columns of the episode extras: ``episode_<name>`` each."""
+        return tuple(extra_key(name) for name in self.episode_extras)
+
+
+def extra_key(name: str) -> str:
+    """The rollout column of the episode extra ``name``."""
+    return f"episode_{name}"
+
+
+def _extras_problem(names: tuple[str, ...]) -> str | None:
+    """Why ``names`` cannot be an environment's episode extras, or None if they can: each
+    becomes a column name, in rollouts and in logs.csv."""
+    for name in names:
+        if not (
+            isinstance(name, str)
+            and name.isidentifier()
+            and name.isascii()
+            and len(name) <= MAX_EXTRA_NAME_LENGTH
+        ):
+            return (
+                f"episode extra {name!r} is not a name of at most {MAX_EXTRA_NAME_LENGTH} "
+                "ASCII letters, digits and underscores"
+            )
+        if name in RESERVED_EXTRA_NAMES:
+            return f"episode extra {name!r} would clash with the rollout's episode_{name}"
+    if len(set(names)) != len(names):
+        return f"episode extras {list(names)} name one figure twice"
+    return None

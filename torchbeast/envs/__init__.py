@@ -14,10 +14,12 @@ Every step returns numpy arrays with a leading [N] dimension, TorchBeast style: 
 episode ends the env resets at once, so ``frame`` is the new episode's first frame while
 ``reward``/``done`` describe the step that ended the old one.
 
-Riverraid with a reward proxy (``envs.riverraid``) runs on Gymnasium's Python Atari
-wrappers instead, with the same preprocessing, since the proxy needs each emulator
-frame's score and the RAM; ``reward`` is then the proxy's, and ``episode_true_return`` /
-``episode_true_move`` add up the game score and the true move measure.
+An environment may report extra per-episode figures besides its return: it declares them
+in its metadata, ``metadata["episode_extras"] = {name: info_key}``, and each step's
+``info[info_key]`` adds up over the episode as ``episode_<name>``, as the reward adds up
+to ``episode_return``. Riverraid with a reward proxy (``envs.riverraid``) declares two; it
+runs on Gymnasium's Python Atari wrappers instead, with the same preprocessing, since the
+proxy needs each emulator frame's score and the RAM.
 """
 
 from __future__ import annotations
@@ -106,7 +108,6 @@ class BatchedEnv:
         vector_env: gym.vector.VectorEnv,
         env_id: str,
         track_lives: bool,
-        true_reward_in_info: bool = False,
         fire_action: int | None = None,
     ):
         self.env = vector_env
@@ -132,14 +133,22 @@ class BatchedEnv:
         # float64 observations are stored and learned from as float32.
         self.cast_to = np.dtype(np.float32) if dtype == np.float64 else None
         stored = self.cast_to or dtype
-        self.spec = EnvSpec(env_id, tuple(space.shape), stored, int(action_space.n))
+        # The env's own figures: name -> the key of each step's share in its info.
+        extra_info_keys = dict(vector_env.metadata.get("episode_extras", {}))
+        try:
+            self.spec = EnvSpec(
+                env_id, tuple(space.shape), stored, int(action_space.n), tuple(extra_info_keys)
+            )
+        except ValueError as error:
+            raise EnvError(str(error)) from None
         self.track_lives = track_lives
-        # With a reward proxy the env's info carries the true reward and move of a step.
-        self.true_reward_in_info = true_reward_in_info
         n = self.num_envs
         self.episode_return = np.zeros(n, dtype=np.float32)
-        self.episode_true_return = np.zeros(n, dtype=np.float32)
-        self.episode_true_move = np.zeros(n, dtype=np.float32)
+        # (rollout key, info key, running total [N]) of each episode extra.
+        self.extras = [
+            (key, info_key, np.zeros(n, dtype=np.float32))
+            for key, info_key in zip(self.spec.extra_keys, extra_info_keys.values(), strict=True)
+        ]
         self.episode_step = np.zeros(n, dtype=np.int32)
         self.lives = np.zeros(n, dtype=np.int64)
         # The action pressed, in place of the agent's, right after a lost life (as the
@@ -152,7 +161,8 @@ class BatchedEnv:
         if self.cast_to is not None:
             frame = frame.astype(self.cast_to)
         n = self.num_envs
-        for total in (self.episode_return, self.episode_true_return, self.episode_true_move):
+        self.episode_return[:] = 0
+        for _, _, total in self.extras:
             total[:] = 0
         self.episode_step[:] = 0
         if self.track_lives:
@@ -163,8 +173,7 @@ class BatchedEnv:
             reward=np.zeros(n, dtype=np.float32),
             done=np.ones(n, dtype=bool),
             episode_return=np.zeros(n, dtype=np.float32),
-            episode_true_return=np.zeros(n, dtype=np.float32),
-            episode_true_move=np.zeros(n, dtype=np.float32),
+            **{key: np.zeros(n, dtype=np.float32) for key, _, _ in self.extras},
             episode_step=np.zeros(n, dtype=np.int32),
             episode_end=np.zeros(n, dtype=bool),
             last_action=np.zeros(n, dtype=np.int64),
@@ -190,24 +199,21 @@ class BatchedEnv:
                 # The game goes on after a lost life; games that wait for FIRE get it.
                 self.fire_next = lost_life & ~game_over
         self.episode_return += reward
-        if self.true_reward_in_info:
-            self.episode_true_return += step_info(info, "true_reward")
-            self.episode_true_move += step_info(info, "true_move")
-        else:
-            self.episode_true_return += reward
+        for _, info_key, total in self.extras:
+            total += step_info(info, info_key)
         self.episode_step += 1
         output = dict(
             frame=frame,
             reward=reward,
             done=done,
             episode_return=self.episode_return.copy(),
-            episode_true_return=self.episode_true_return.copy(),
-            episode_true_move=self.episode_true_move.copy(),
             episode_step=self.episode_step.copy(),
             episode_end=game_over,
             last_action=np.asarray(actions, dtype=np.int64),
         )
-        for total in (self.episode_return, self.episode_true_return, self.episode_true_move):
+        self.episode_return[game_over] = 0
+        for key, _, total in self.extras:
+            output[key] = total.copy()
             total[game_over] = 0
         self.episode_step[game_over] = 0
         return output
@@ -219,6 +225,11 @@ class BatchedEnv:
 def step_info(info: dict, key: str) -> np.ndarray:
     """``info[key]`` of a vector step, [N]; an env that ended and was reset in this step
     reports its last step's value, which the vector env keeps under "final_info"."""
+    if key not in info:
+        raise EnvError(
+            f"the environment declares an episode extra from info[{key!r}] but its "
+            "steps' info has no such key"
+        )
     values = np.asarray(info[key], dtype=np.float32).copy()
     if "final_info" in info:
         ended = info["_final_info"]
@@ -321,9 +332,14 @@ def create_env(
         vector_env,
         env_id,
         track_lives=atari,
-        true_reward_in_info=proxy is not None,
         fire_action=fire_action(env_id) if atari and fire_on_life_loss else None,
     )
+
+
+def log_training_reward(flags: argparse.Namespace) -> None:
+    """Says which reward trains the agent where it is not the env's own (a Riverraid reward
+    proxy), with a warning where a flag hides it."""
+    riverraid.log_training_reward(flags)
 
 
 def fire_action(env_id: str) -> int | None:

@@ -30,10 +30,13 @@ game starts and when a life is taken.
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
+
+log = logging.getLogger("torchbeast")
 
 # RAM addresses (from the Atari annotated-RAM work of Anand et al. 2019); the proxies
 # read player_x and missile_y.
@@ -48,6 +51,9 @@ CANISTER_POINTS = 80  # the score of one fuel canister, which nothing else score
 ALIVE_REWARD = 10.0
 CENTRE_X = 76
 PROXY_FLAGS = ("fuel_multiplier", "move_penalty", "true_move_penalty")
+# What a run on a proxy reports of each episode besides the proxy's return: the game's
+# score and the move measure (episode extra -> the key of each step's share in its info).
+EPISODE_EXTRAS = {"true_return": "true_reward", "true_move": "true_move"}
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,21 @@ def proxy_from_flags(flags: argparse.Namespace) -> RewardProxy | None:
     if all(value is None for value in given.values()):
         return None
     return RewardProxy(**{name: value for name, value in given.items() if value is not None})
+
+
+def log_training_reward(flags: argparse.Namespace) -> None:
+    """With a proxy, says which reward trains the agent, and warns when the default reward
+    clipping hides the proxy's size."""
+    proxy = proxy_from_flags(flags)
+    if proxy is None:
+        return
+    log.info("Reward: %s.", proxy.describe())
+    if getattr(flags, "reward_clipping", None) == "abs_one":
+        log.warning(
+            "--reward_clipping abs_one clips the %s proxy's rewards to +-1, which hides "
+            "their size: use --reward_clipping none to train on them as they are.",
+            proxy.kind,
+        )
 
 
 def is_riverraid(spec: gym.envs.registration.EnvSpec) -> bool:
@@ -146,11 +167,13 @@ class ProxyReward(gym.Wrapper):
     """Replaces the step's game score by the proxy reward, above the action repeat.
 
     ``info["true_reward"]`` is the game score of the step, ``info["true_move"]`` the move
-    measure with ``true_move_penalty``.
+    measure with ``true_move_penalty``; the metadata declares their episode sums as the
+    env's episode extras.
     """
 
     def __init__(self, env: gym.Env, frame_scores: FrameScores, proxy: RewardProxy):
         super().__init__(env)
+        self.metadata = {**env.metadata, "episode_extras": EPISODE_EXTRAS}
         self.frame_scores = frame_scores
         self.proxy = proxy
         self.previous_x = 0

@@ -39,6 +39,7 @@ class Unroller:
         else:
             torch.seed()  # every new process starts from torch's one fixed seed otherwise
         self.unroll_length = flags.unroll_length
+        self.env_keys = rollout.env_keys(env_spec)  # with the env's episode extras
         num_envs = flags.envs_per_actor
         self.env = envs.create_env(flags, num_envs=num_envs, num_threads=1)
         self.model = create_model(config, env_spec.observation_shape, env_spec.num_actions)
@@ -62,7 +63,7 @@ class Unroller:
         """Writes env i's rollout to ``buffers[key][index[i]]`` ([T+1, ...]) and the core
         state it starts from to ``initial_core_states[k][index[i]]`` ([layers, H])."""
         # Step 0 repeats the last step of the previous rollout.
-        for key in rollout.ENV_KEYS:
+        for key in self.env_keys:
             buffers[key][index, 0] = self.env_output[key]
         for key in rollout.AGENT_KEYS:
             buffers[key][index, 0] = self.agent_output[key]
@@ -80,7 +81,7 @@ class Unroller:
             self.env_output = {k: torch.from_numpy(v) for k, v in step.items()}
             self.env_time += time.process_time() - middle
             self.inference_time += middle - start
-            for key in rollout.ENV_KEYS:
+            for key in self.env_keys:
                 buffers[key][index, t] = self.env_output[key]
             for key in rollout.AGENT_KEYS:
                 buffers[key][index, t] = self.agent_output[key]

@@ -1,9 +1,9 @@
 """Test and eval modes: a trained model plays whole games greedily, in every runtime.
 
 ``--mode test`` logs each episode's return. ``--mode eval`` also measures what reward
-misspecification studies compare (the proxy return the agent was trained on, the game's
-true return, the true move measure, per episode and per step), prints mean ± std, and
-writes the figures to ``savedir/xpid/eval.json``.
+misspecification studies compare (the proxy return the agent was trained on and the env's
+episode extras, e.g. Riverraid's true return and true move measure, per episode and, for
+returns, per step), prints mean ± std, and writes the figures to ``savedir/xpid/eval.json``.
 """
 
 from __future__ import annotations
@@ -31,22 +31,21 @@ log = logging.getLogger("torchbeast")
 @dataclasses.dataclass
 class Episode:
     """One whole game; ``proxy_return`` is the reward the agent trains on (the game score
-    when no proxy is on)."""
+    when no proxy is on), ``extras`` the env's episode extras by name."""
 
     proxy_return: float
-    true_return: float
-    true_move: float
+    extras: dict[str, float]
     length: int
 
     def figures(self) -> dict[str, float]:
-        return {
-            "proxy_return": self.proxy_return,
-            "true_return": self.true_return,
-            "true_move": self.true_move,
-            "proxy_return_per_step": self.proxy_return / self.length,
-            "true_return_per_step": self.true_return / self.length,
-            "episode_length": float(self.length),
+        """The returns and extras, then each return (a figure named ``*_return``) per step."""
+        totals = {"proxy_return": self.proxy_return, **self.extras}
+        per_step = {
+            f"{name}_per_step": value / self.length
+            for name, value in totals.items()
+            if name.endswith("_return")
         }
+        return {**totals, **per_step, "episode_length": float(self.length)}
 
 
 def load_trained(flags: argparse.Namespace) -> tuple[dict, str]:
@@ -101,8 +100,10 @@ def play(flags: argparse.Namespace, state: dict, path: str, render: bool = False
                 episodes.append(
                     Episode(
                         proxy_return=float(step["episode_return"][0]),
-                        true_return=float(step["episode_true_return"][0]),
-                        true_move=float(step["episode_true_move"][0]),
+                        extras={
+                            name: float(step[key][0])
+                            for name, key in zip(spec.episode_extras, spec.extra_keys, strict=True)
+                        },
                         length=int(step["episode_step"][0]),
                     )
                 )

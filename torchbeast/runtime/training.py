@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from torchbeast import envs
 from torchbeast.config.settings import learner_settings, model_settings
 from torchbeast.core import checkpoint
 from torchbeast.core.errors import UserError
@@ -31,7 +32,6 @@ from torchbeast.core.models import count_parameters, create_model, model_config
 from torchbeast.core.replay import Replay
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
-from torchbeast.envs import riverraid
 
 log = logging.getLogger("torchbeast")
 progress_log = logging.getLogger("torchbeast.progress")  # the lines --suppress_logs keeps
@@ -82,12 +82,11 @@ class Trainer:
             self.env_spec.num_actions,
             weight_init=flags.weight_init,
         )
-        self.proxy = riverraid.proxy_from_flags(flags)
         self.learner = Learner(
             learner_settings(flags),
             model.to(self.device),
             on_update=self.publish,
-            true_reward_stats=self.proxy is not None,
+            episode_extras=env_spec.episode_extras,
         )
         self.checkpoint_path = os.path.join(flags.savedir, flags.xpid, "model.tar")
         self.stop_requested = threading.Event()
@@ -95,8 +94,8 @@ class Trainer:
         self.stats_lock = threading.Lock()
         self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
         self.returns_since_mean: list[float] = []  # with --episodes_for_avg
-        # (true return, true move) of the last episodes, with a reward proxy.
-        self.recent_true: collections.deque[tuple[float, float]] = collections.deque(maxlen=100)
+        # The episode extras of the last episodes, one tuple per episode (if the env has any).
+        self.recent_extras: collections.deque[tuple[float, ...]] = collections.deque(maxlen=100)
         self.last_stats: dict = {}
         self.pool: Pool | None = None
         self.replay: Replay | None = None
@@ -167,9 +166,8 @@ class Trainer:
                 if "mask" in batch:
                     episode_end = episode_end & batch["mask"][1:]
                 episode_returns = batch["episode_return"][1:][episode_end]
-                true_outcomes = zip(
-                    batch["episode_true_return"][1:][episode_end].tolist(),
-                    batch["episode_true_move"][1:][episode_end].tolist(),
+                episode_extras = zip(
+                    *(batch[key][1:][episode_end].tolist() for key in self.env_spec.extra_keys),
                     strict=True,
                 )
                 num_online = batch["reward"].shape[1]
@@ -187,7 +185,7 @@ class Trainer:
                         self.drop_batch(pool, batch, core_state, sources, error)
                         continue
                     self.record_returns(episode_returns.tolist())
-                    self.recent_true.extend(true_outcomes)
+                    self.recent_extras.extend(episode_extras)
                     self.last_stats = stats
                     writer.log(stats)
             # Done: the other learner threads may be waiting for rollouts that never come.
@@ -263,14 +261,7 @@ class Trainer:
             count_parameters(self.learner.model),
             self.device,
         )
-        if self.proxy is not None:
-            log.info("Reward: %s.", self.proxy.describe())
-            if flags.reward_clipping == "abs_one":
-                log.warning(
-                    "--reward_clipping abs_one clips the %s proxy's rewards to +-1, which hides "
-                    "their size: use --reward_clipping none to train on them as they are.",
-                    self.proxy.kind,
-                )
+        envs.log_training_reward(flags)
         if self.learner.step >= flags.total_steps:
             log.info(
                 "Already trained to %d steps (--total_steps %d).",
@@ -351,7 +342,7 @@ class Trainer:
         with self.stats_lock:
             entropy = self.last_stats.get("policy_entropy")
             mean_return = "" if entropy is None else self.mean_return_text()
-            true_text = self.true_outcome_text()
+            extras_text = self.episode_extras_text()
         if entropy is None:
             progress_log.info("Steps %d: waiting for the first batch from the actors.", step)
             return
@@ -360,15 +351,20 @@ class Trainer:
             progress_text(step, self.flags.total_steps, sps),
             mean_return,
             entropy,
-            true_text,
+            extras_text,
         )
 
-    def true_outcome_text(self) -> str:
-        """With a reward proxy, the mean true return and move of the last 100 episodes."""
-        if self.proxy is None or not self.recent_true:
+    def episode_extras_text(self) -> str:
+        """The progress line's mean of each episode extra over the last 100 episodes, e.g.
+        " True return 120.0, true move 9.5." (stats_lock held); "" if the env has none."""
+        if not self.recent_extras:
             return ""
-        true_return, true_move = np.mean(self.recent_true, axis=0)
-        return f" True return {true_return:.1f}, true move {true_move:.1f}."
+        means = np.mean(self.recent_extras, axis=0)
+        names = self.env_spec.episode_extras
+        text = ", ".join(
+            f"{name.replace('_', ' ')} {mean:.1f}" for name, mean in zip(names, means, strict=True)
+        )
+        return f" {text[0].upper()}{text[1:]}."
 
     def mean_return_text(self) -> str:
         """The progress line's mean-return part (stats_lock held): the last 100 episodes;

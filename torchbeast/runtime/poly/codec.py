@@ -12,18 +12,20 @@ import math
 
 import numpy as np
 
-from torchbeast.core.spec import EnvSpec
+from torchbeast.core.spec import EnvSpec, extra_key
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 
-PROTOCOL_VERSION = 2  # 2: Steps carry the true return and move
+PROTOCOL_VERSION = 3  # 2: Steps carry the true return and move; 3: any episode extras
 DTYPES = frozenset(("uint8", "int8", "int16", "int32", "int64", "float32", "bool"))
 MAX_OBSERVATION_BYTES = 32 << 20  # a Hello announcing more per step is refused
 MAX_ENVS_PER_STREAM = 1024
 # The model's size follows the spec: a Hello must not make the learner build a huge one.
 MAX_NUM_ACTIONS = 4096
 MAX_OBSERVATION_ELEMENTS = 1 << 20
+MAX_EPISODE_EXTRAS = 16
 STEP_OVERHEAD_BYTES = 1024  # room for a Step's framing
-SCALAR_BYTES_PER_ENV = 48  # reward, done, episode_end, the episode returns and step
+SCALAR_BYTES_PER_ENV = 48  # reward, done, episode_end, the episode return and step
+EXTRA_OVERHEAD_BYTES = 32  # an episode extra's map entry, besides its name and values
 
 
 class ProtocolError(ValueError):
@@ -96,6 +98,7 @@ def hello(client_id: str, spec: EnvSpec, num_envs: int = 1) -> pb.EnvMessage:
             num_actions=spec.num_actions,
             protocol_version=PROTOCOL_VERSION,
             num_envs=num_envs,
+            episode_extras=spec.episode_extras,
         )
     )
 
@@ -153,18 +156,34 @@ def read_hello(message: pb.EnvMessage) -> tuple[str, EnvSpec, int]:
         raise ProtocolError("a Hello's client_id must be 1 to 200 printable characters")
     if not (0 < len(hello.env_id) <= 200 and hello.env_id.isprintable()):
         raise ProtocolError("a Hello's env_id must be 1 to 200 printable characters")
-    spec = EnvSpec(hello.env_id, shape, np.dtype(dtype.name), int(hello.num_actions))
+    if len(hello.episode_extras) > MAX_EPISODE_EXTRAS:
+        raise ProtocolError(f"a Hello may name at most {MAX_EPISODE_EXTRAS} episode extras")
+    try:
+        spec = EnvSpec(
+            hello.env_id,
+            shape,
+            np.dtype(dtype.name),
+            int(hello.num_actions),
+            tuple(hello.episode_extras),
+        )
+    except ValueError as error:  # an episode extra's name
+        raise ProtocolError(str(error)) from None
     return hello.client_id, spec, int(hello.num_envs)
 
 
 def max_step_bytes(spec: EnvSpec, num_envs: int) -> int:
     """The largest serialized Step a stream of ``num_envs`` envs with this spec can need."""
     observation = math.prod(spec.observation_shape) * spec.observation_dtype.itemsize
-    return num_envs * (observation + SCALAR_BYTES_PER_ENV) + STEP_OVERHEAD_BYTES
+    extras = sum(len(name) + EXTRA_OVERHEAD_BYTES for name in spec.episode_extras)
+    per_env = observation + SCALAR_BYTES_PER_ENV + 4 * len(spec.episode_extras)
+    return num_envs * per_env + extras + STEP_OVERHEAD_BYTES
 
 
-def step_message(step: dict[str, np.ndarray]) -> pb.EnvMessage:
-    """A batched env step (``create_env``'s dict of [N, ...] arrays) as one Step."""
+def step_message(
+    step: dict[str, np.ndarray], episode_extras: tuple[str, ...] = ()
+) -> pb.EnvMessage:
+    """A batched env step (``create_env``'s dict of [N, ...] arrays) as one Step, with the
+    env's ``episode_extras`` (its spec's) from ``step["episode_<name>"]``."""
     return pb.EnvMessage(
         step=pb.Step(
             observation=pb.ArrayNest(array=encode_array(step["frame"])),
@@ -173,22 +192,15 @@ def step_message(step: dict[str, np.ndarray]) -> pb.EnvMessage:
             episode_end=step["episode_end"].tolist(),
             episode_return=step["episode_return"].tolist(),
             episode_step=step["episode_step"].tolist(),
-            episode_true_return=step["episode_true_return"].tolist(),
-            episode_true_move=step["episode_true_move"].tolist(),
+            episode_extras={
+                name: pb.Floats(values=step[extra_key(name)].tolist()) for name in episode_extras
+            },
         )
     )
 
 
-STEP_FIELDS = (
-    "reward",
-    "done",
-    "episode_end",
-    "episode_return",
-    "episode_step",
-    "episode_true_return",
-    "episode_true_move",
-)
-FLOAT_FIELDS = ("reward", "episode_return", "episode_true_return", "episode_true_move")
+STEP_FIELDS = ("reward", "done", "episode_end", "episode_return", "episode_step")
+FLOAT_FIELDS = ("reward", "episode_return")
 
 
 def read_step(
@@ -217,7 +229,29 @@ def read_step(
             raise ProtocolError(f"a Step's {name} has {len(values)} entries, not {num_envs}")
         fields[name] = np.asarray(values)
     if not all(np.isfinite(fields[name]).all() for name in FLOAT_FIELDS):
-        raise ProtocolError("a Step's reward and episode returns must be finite")
+        raise ProtocolError("a Step's reward and episode return must be finite")
+    if step.episode_extras or spec.episode_extras:
+        fields.update(read_episode_extras(step, spec, num_envs))
     if observation.dtype.kind == "f" and not np.isfinite(observation).all():
         raise ProtocolError("a Step's observation must be finite")
     return fields, observation
+
+
+def read_episode_extras(step: pb.Step, spec: EnvSpec, num_envs: int) -> dict[str, np.ndarray]:
+    """``episode_<name>`` -> [num_envs] float32 of each episode extra the Hello named."""
+    if sorted(step.episode_extras) != sorted(spec.episode_extras):
+        raise ProtocolError(
+            f"a Step's episode extras {sorted(step.episode_extras)} are not the Hello's "
+            f"{sorted(spec.episode_extras)}"
+        )
+    extras = {}
+    for name in spec.episode_extras:
+        values = np.asarray(step.episode_extras[name].values, dtype=np.float32)
+        if len(values) != num_envs:
+            raise ProtocolError(
+                f"a Step's episode extra {name} has {len(values)} entries, not {num_envs}"
+            )
+        if not np.isfinite(values).all():
+            raise ProtocolError(f"a Step's episode extra {name} must be finite")
+        extras[extra_key(name)] = values
+    return extras

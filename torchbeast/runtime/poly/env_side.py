@@ -60,9 +60,9 @@ def env_session(
     num_envs = flags.envs_per_stream
     env = envs.create_env(flags, num_envs=num_envs, num_threads=1)
     try:
-        num_actions = env.spec.num_actions
+        num_actions, extras = env.spec.num_actions, env.spec.episode_extras
         yield codec.hello(client_id, env.spec, num_envs)
-        yield codec.step_message(env.reset(seed=seed))
+        yield codec.step_message(env.reset(seed=seed), extras)
         for steps, message in enumerate(actions, start=1):
             action = np.asarray(message.action, dtype=np.int64)
             if action.shape != (num_envs,) or not ((0 <= action) & (action < num_actions)).all():
@@ -70,7 +70,7 @@ def env_session(
                     f"an Action needs {num_envs} actions in [0, {num_actions}), got "
                     f"{list(message.action)[:8]}"
                 )
-            yield codec.step_message(env.step(action))
+            yield codec.step_message(env.step(action), extras)
             if steps == max_steps:
                 return
     finally:
@@ -278,8 +278,8 @@ def run_processes(flags: argparse.Namespace) -> int:
     if proxy is not None:
         logging.basicConfig(format="[%(levelname)s:%(process)d %(asctime)s] %(message)s")
         log.warning(
-            "Reward: %s. Give the learner the same proxy flags so that it logs the true "
-            "return and move.",
+            "Reward: %s. Give the learner the same proxy flags, or no --env: told --env "
+            "without them, it refuses environments that report the true return and move.",
             proxy.describe(),
         )
     stop = _stop_on_signals()

@@ -175,7 +175,9 @@ def learner_spec(flags: argparse.Namespace) -> EnvSpec | None:
         raise checkpoint.CheckpointError(f"{path} is not a torchbeast checkpoint (no env)")
     flags.env = state["env"]
     log.info("Resuming %s: the environment is %s, as in its checkpoint.", flags.xpid, flags.env)
-    return checkpoint.saved_spec(state) or envs.env_spec(flags)
+    if not checkpoint.saves_episode_extras(state):  # an older checkpoint: the flags tell them
+        return envs.env_spec(flags)
+    return checkpoint.saved_spec(state)
 
 
 def check_run_dir(flags: argparse.Namespace) -> None:
