@@ -269,6 +269,12 @@ def make_parser(
         help="(new) Scale the policy gradient's advantages to mean 0, std 1 in each batch.",
     )
     add(
+        "--normalize_values",
+        action="store_true",
+        help="(new) The baseline learns the V-trace targets divided by their running RMS "
+        "when that exceeds 1 (PopArt's scale): large returns no longer swamp the torso.",
+    )
+    add(
         "--epochs",
         default=1,
         type=positive_int,

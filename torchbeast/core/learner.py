@@ -33,6 +33,7 @@ from torch import nn
 from torchbeast.core import losses, vtrace
 from torchbeast.core.models import CoreState
 from torchbeast.core.spec import extra_key
+from torchbeast.core.value_scale import ValueScale
 
 # An importance weight counts as clipped when it exceeds V-trace's clip at 1 by 1%.
 CLIP_MARGIN = math.log(1.01)
@@ -53,6 +54,7 @@ class LearnerSettings:
     baseline_cost: float
     entropy_cost: float
     normalize_advantages: bool
+    normalize_values: bool  # the baseline learns targets / their running RMS (at least 1)
     epochs: int  # gradient steps on each batch
     # LASER: replayed states further than this KL from the current policy are left out.
     replay_size: int  # > 0: the batches carry replayed columns
@@ -229,6 +231,7 @@ class Learner:
         self.episode_extras = episode_extras
         self.optimizer = make_optimizer(settings, model)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(settings))
+        self.value_scale = ValueScale(settings.normalize_values)
         self.on_update = on_update
         self.lock = threading.Lock()
         self.step = 0  # agent steps learned from
@@ -270,6 +273,10 @@ class Learner:
                     self.optimizer.load_state_dict(saved[1])
                 raise
             self.scheduler.step()
+            targets = first_pass.vtrace_returns.vs
+            if first_pass.loss_mask is not None:
+                targets = targets[first_pass.loss_mask.bool()]
+            self.value_scale.update(targets, self.model.baseline)
             return self._finish_update(first_pass, grad_norm)
 
     def nonfinite_columns(
@@ -311,6 +318,9 @@ class Learner:
         """The V-trace losses of ``batch`` under the current weights, and what they used."""
         settings = self.settings
         learner_outputs, _ = self.model(batch, initial_core_state, act=False)
+        scale = self.value_scale.scale  # the baseline head predicts V / scale
+        if self.value_scale.enabled:
+            learner_outputs["baseline"] = scale * learner_outputs["baseline"]  # [T+1, B]
 
         # The last baseline bootstraps the value beyond the rollout.
         bootstrap_value = learner_outputs["baseline"][-1]  # [B]
@@ -349,7 +359,7 @@ class Learner:
             bootstrap_value=bootstrap_value,
             mask=loss_mask,
         )
-        advantages = vtrace_returns.pg_advantages  # [T, B]
+        advantages = vtrace_returns.pg_advantages / scale  # [T, B]
         if settings.normalize_advantages:
             advantages = losses.normalize(advantages, loss_mask)
 
@@ -357,7 +367,7 @@ class Learner:
             learner_outputs["policy_logits"], batch["action"], advantages, mask=loss_mask
         )
         baseline_loss = settings.baseline_cost * losses.baseline_loss(
-            vtrace_returns.vs - learner_outputs["baseline"], mask=loss_mask
+            (vtrace_returns.vs - learner_outputs["baseline"]) / scale, mask=loss_mask
         )
         entropy_loss = settings.entropy_cost * losses.entropy_loss(
             learner_outputs["policy_logits"], mask=entropy_mask
@@ -435,6 +445,8 @@ class Learner:
         for name in self.episode_extras:
             key = extra_key(name)
             stats[f"mean_{key}"] = mean_or_nan(batch[key][ended])
+        if self.value_scale.enabled:
+            stats["value_scale"] = self.value_scale.scale
         if self.settings.replay_size > 0:
             stats["replayed_columns"] = batch["reward"].shape[1] - terms.num_online
             stats["trusted_fraction"] = terms.trusted_fraction
@@ -447,6 +459,7 @@ class Learner:
             "scheduler_state_dict": self.scheduler.state_dict(),
             "step": self.step,
             "updates": self.updates,
+            "value_scale": self.value_scale.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -455,4 +468,6 @@ class Learner:
         self.scheduler.load_state_dict(state["scheduler_state_dict"])
         self.step = int(state["step"])
         self.updates = int(state.get("updates", 0))
+        if "value_scale" in state:
+            self.value_scale.load_state_dict(state["value_scale"])
         self.model.policy_version.fill_(self.updates)
