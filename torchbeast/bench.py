@@ -37,8 +37,8 @@ from torchbeast.config.flags import (
     positive_int,
     resolve_num_buffers,
 )
-from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.raybeast import add_ray_flags
+from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.poly.trainer import make_learner_parser
 from torchbeast.runtime.registry import RUNTIMES
 from torchbeast.runtime.training import Trainer

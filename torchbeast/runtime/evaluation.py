@@ -21,9 +21,9 @@ import torch
 from torchbeast import envs
 from torchbeast.config.settings import model_settings
 from torchbeast.core import checkpoint
-from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.models import create_model, model_config
 from torchbeast.envs import riverraid
+from torchbeast.runtime.console import setup_console_logging
 
 log = logging.getLogger("torchbeast")
 

@@ -37,10 +37,10 @@ from torch import nn
 
 from torchbeast import envs
 from torchbeast.core import rollout
-from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.models import create_model
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.acting import Unroller, actor_seed
+from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.processes import die_with_parent
 from torchbeast.runtime.supervision import (
     STOP_SIGNALS,

@@ -34,9 +34,9 @@ from torch import nn
 
 from torchbeast import envs
 from torchbeast.core import rollout
-from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.acting import Unroller, actor_seed
+from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.queues import Closed, RolloutQueue
 from torchbeast.runtime.supervision import RestartBudget, Supervised, last_line, signals_blocked
 from torchbeast.runtime.training import Trainer, TrainingError

@@ -32,6 +32,7 @@ from torchbeast.core.replay import Replay
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs import riverraid
+from torchbeast.runtime.console import setup_console_logging
 
 log = logging.getLogger("torchbeast")
 progress_log = logging.getLogger("torchbeast.progress")  # the lines --suppress_logs keeps
@@ -252,7 +253,8 @@ class Trainer:
     def train(self) -> dict:
         flags = self.flags
         resumed = self.resume_if_possible()  # before any file of the run is touched
-        writer = FileWriter(flags)
+        setup_console_logging()
+        writer = FileWriter(flags.savedir, flags.xpid, vars(flags))
         if resumed:
             log.info("Resuming from %s at step %d.", self.checkpoint_path, self.learner.step)
         log.info(

@@ -23,9 +23,9 @@ from torchbeast.config.flags import (
     positive_int,
 )
 from torchbeast.core import checkpoint
-from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs.riverraid import PROXY_FLAGS
+from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.poly import env_side, network
 from torchbeast.runtime.poly.actor_pool import PolyActorPool
 from torchbeast.runtime.poly.env_flags import make_env_parser
