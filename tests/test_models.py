@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchbeast.config.flags import parse_flags
+from torchbeast.config.settings import build_settings
 from torchbeast.core.errors import UserError
 from torchbeast.core.models import ModelSettings, count_parameters, create_model, model_config
 
@@ -355,7 +356,7 @@ def test_the_learners_model_starts_from_the_weight_init_flag(tmp_path, weight_in
 
     spec = EnvSpec("PongNoFrameskip-v4", ATARI_SHAPE, np.dtype(np.uint8), 6)
     argv = ["--xpid", "test", "--savedir", str(tmp_path), "--weight_init", weight_init]
-    trainer = Trainer(parse_flags(argv), spec)
+    trainer = Trainer(build_settings(parse_flags(argv), "mono"), spec)
     weight = trainer.learner.model.torso.fc[0].weight.detach()  # [512, 3136]
     is_orthogonal = torch.allclose(weight @ weight.T, 2 * torch.eye(512), atol=1e-4)
     assert is_orthogonal == orthogonal
