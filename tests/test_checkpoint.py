@@ -7,12 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from torchbeast.config.flags import parse_flags
-from torchbeast.config.settings import learner_settings, model_settings
+from tests.settings_for_tests import learner_settings
 from torchbeast.core import checkpoint
 from torchbeast.core.checkpoint import CheckpointError
 from torchbeast.core.learner import Learner
-from torchbeast.core.models import create_model, model_config
+from torchbeast.core.models import ModelSettings, create_model, model_config
 from torchbeast.core.spec import EnvSpec
 
 OBSERVATION_SHAPE = (4,)
@@ -20,11 +19,11 @@ OBSERVATION_SHAPE = (4,)
 
 def training_state() -> dict:
     """A checkpoint as a training run writes it: learner state, flags, env, model config."""
-    flags = parse_flags(["--xpid", "test", "--env", "CartPole-v1", "--use_lstm"])
-    config = model_config(model_settings(flags), OBSERVATION_SHAPE)
+    config = model_config(ModelSettings(use_lstm=True), OBSERVATION_SHAPE)
     torch.manual_seed(0)
-    learner = Learner(learner_settings(flags), create_model(config, OBSERVATION_SHAPE, 2))
-    return dict(learner.state_dict(), flags=vars(flags).copy(), env=flags.env, model_config=config)
+    learner = Learner(learner_settings(), create_model(config, OBSERVATION_SHAPE, 2))
+    flags = dict(env="CartPole-v1", use_lstm=True, optimizer="rmsprop")  # as recorded
+    return dict(learner.state_dict(), flags=flags, env="CartPole-v1", model_config=config)
 
 
 def assert_same_state(actual, expected):
@@ -56,9 +55,8 @@ def test_loaded_state_restores_a_learner(tmp_path):
     path = str(tmp_path / "model.tar")
     state = training_state()
     checkpoint.save(path, state)
-    flags = parse_flags(["--xpid", "test", "--env", "CartPole-v1", "--use_lstm"])
-    config = model_config(model_settings(flags), OBSERVATION_SHAPE)
-    learner = Learner(learner_settings(flags), create_model(config, OBSERVATION_SHAPE, 2))
+    config = model_config(ModelSettings(use_lstm=True), OBSERVATION_SHAPE)
+    learner = Learner(learner_settings(), create_model(config, OBSERVATION_SHAPE, 2))
     learner.load_state_dict(checkpoint.load(path))
     assert_same_state(learner.state_dict()["model_state_dict"], state["model_state_dict"])
 

@@ -1,7 +1,6 @@
 """Specification of create_env: Atari preprocessing, episodic life, same-step autoreset
 and episode bookkeeping, on the real games (ale-py's ROMs), CartPole and MinAtar."""
 
-import argparse
 import itertools
 
 import gymnasium as gym
@@ -10,9 +9,12 @@ import pytest
 
 from tests.envs_for_tests import CoinsEnv
 from torchbeast.config.flags import parse_flags
+from torchbeast.config.poly import PolyEnvSettings, env_side_of
+from torchbeast.config.settings import build_settings
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs import BatchedEnv, EnvError, create_env, env_spec, make_single_atari
-from torchbeast.runtime.poly.trainer import env_flags, make_learner_parser
+from torchbeast.envs.settings import EnvSettings
+from torchbeast.runtime.poly.trainer import make_learner_parser
 
 MAX_STEPS = 3000  # every episode played here ends well before this
 
@@ -161,8 +163,7 @@ def test_fire_is_pressed_after_every_lost_life_so_a_noop_agent_loses_the_game(ma
 
 
 def test_no_fire_on_life_loss_leaves_a_noop_agent_waiting_after_its_first_lost_life(make_env):
-    flags = argparse.Namespace(env="BreakoutNoFrameskip-v4", no_fire_on_life_loss=True)
-    env = create_env(flags)
+    env = create_env(EnvSettings("BreakoutNoFrameskip-v4", no_fire_on_life_loss=True))
     try:
         lives_at_done, ended = play_noop_breakout(env, 1000)
     finally:
@@ -196,10 +197,12 @@ def test_fire_on_life_loss_is_the_default_and_can_be_turned_off():
 
 
 def test_polybeast_env_processes_get_no_fire_on_life_loss_from_the_learner():
-    parser = make_learner_parser("test")
-    flags = parse_flags(["--xpid", "x", "--no_fire_on_life_loss"], parser)
-    assert env_flags(flags).no_fire_on_life_loss
-    assert not env_flags(parse_flags(["--xpid", "x"], parser)).no_fire_on_life_loss
+    def env_side(*argv: str) -> PolyEnvSettings:
+        flags = parse_flags(["--xpid", "x", *argv], make_learner_parser("test"))
+        return env_side_of(build_settings(flags, "poly"))
+
+    assert env_side("--no_fire_on_life_loss").env.no_fire_on_life_loss
+    assert not env_side().env.no_fire_on_life_loss
 
 
 def test_atari_rewards_are_the_game_score_unclipped(make_env):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchbeast.config.flags import parse_flags
-from torchbeast.config.settings import model_settings
+from torchbeast.config.settings import build_settings
 from torchbeast.core.errors import UserError
 from torchbeast.core.models import ModelSettings, count_parameters, create_model, model_config
 
@@ -15,12 +15,8 @@ ATARI_SHAPE = (4, 84, 84)
 VECTOR_SHAPE = (4,)
 
 
-def flags(*argv: str) -> ModelSettings:
-    return model_settings(parse_flags(["--xpid", "test", *argv]))
-
-
-def make_model(observation_shape, num_actions, *argv: str):
-    config = model_config(flags(*argv), observation_shape)
+def make_model(observation_shape, num_actions, **model_flags):
+    config = model_config(ModelSettings(**model_flags), observation_shape)
     return create_model(config, observation_shape, num_actions)
 
 
@@ -44,19 +40,19 @@ def inputs(T, B, observation_shape, num_actions, seed=0, done=None):
 
 
 @pytest.mark.parametrize(
-    "observation_shape, argv",
+    "observation_shape, model_flags",
     [
-        (ATARI_SHAPE, []),
-        (ATARI_SHAPE, ["--use_lstm"]),
-        (ATARI_SHAPE, ["--use_resnet"]),
-        (VECTOR_SHAPE, []),
-        (VECTOR_SHAPE, ["--use_lstm"]),
+        (ATARI_SHAPE, {}),
+        (ATARI_SHAPE, {"use_lstm": True}),
+        (ATARI_SHAPE, {"use_resnet": True}),
+        (VECTOR_SHAPE, {}),
+        (VECTOR_SHAPE, {"use_lstm": True}),
     ],
     ids=["atari", "atari-lstm", "resnet", "mlp", "mlp-lstm"],
 )
-def test_outputs_are_time_major(observation_shape, argv):
+def test_outputs_are_time_major(observation_shape, model_flags):
     T, B, A = 3, 2, 6
-    model = make_model(observation_shape, A, *argv)
+    model = make_model(observation_shape, A, **model_flags)
     outputs, _ = model(inputs(T, B, observation_shape, A), model.initial_state(B))
     assert outputs["policy_logits"].shape == (T, B, A)
     assert outputs["baseline"].shape == (T, B)
@@ -65,7 +61,7 @@ def test_outputs_are_time_major(observation_shape, argv):
 
 
 def test_lstm_core_state_is_two_layers_of_the_core_size():
-    model = make_model(ATARI_SHAPE, 6, "--use_lstm")
+    model = make_model(ATARI_SHAPE, 6, use_lstm=True)
     _, (h, c) = model(inputs(2, 3, ATARI_SHAPE, 6), model.initial_state(3))
     assert h.shape == c.shape == (2, 3, 512 + 6 + 1)
 
@@ -113,7 +109,7 @@ def test_atari_net_has_the_original_parameter_count():
 
 
 def test_atari_net_with_lstm_has_the_original_parameter_count():
-    model = make_model(ATARI_SHAPE, 6, "--use_lstm")
+    model = make_model(ATARI_SHAPE, 6, use_lstm=True)
     assert count_parameters(model) == original_atari_net_parameters(6, True)
 
 
@@ -126,14 +122,14 @@ def test_atari_torso_is_one_fc_layer_of_512_by_default():
 
 
 def test_hidden_size_and_num_layers_shape_the_atari_torso():
-    model = make_model(ATARI_SHAPE, 6, "--hidden_size", "128", "--num_layers", "3")
+    model = make_model(ATARI_SHAPE, 6, hidden_size=128, num_layers=3)
     assert linear_shapes(model.torso) == [(3136, 128), (128, 128), (128, 128)]
 
 
 @pytest.mark.parametrize("width, depth", [(256, 1), (1024, 2), (4096, 3)])
 def test_width_and_depth_set_the_parameter_count(width, depth):
     # The reward-misspecification sweeps: Linear(3136, H), then L - 1 Linear(H, H).
-    model = make_model(ATARI_SHAPE, 18, "--hidden_size", str(width), "--num_layers", str(depth))
+    model = make_model(ATARI_SHAPE, 18, hidden_size=width, num_layers=depth)
     core = width + 18 + 1
     expected = (
         conv_parameters(4, 32, 8)
@@ -148,7 +144,7 @@ def test_width_and_depth_set_the_parameter_count(width, depth):
 
 
 def test_heads_read_the_hidden_size_plus_reward_and_last_action():
-    model = make_model(ATARI_SHAPE, 6, "--hidden_size", "128")
+    model = make_model(ATARI_SHAPE, 6, hidden_size=128)
     assert linear_shapes(model.policy) == [(128 + 1 + 6, 6)]
     assert linear_shapes(model.baseline) == [(128 + 1 + 6, 1)]
 
@@ -158,13 +154,13 @@ def test_mlp_torso_is_two_layers_of_64_by_default():
 
 
 def test_hidden_size_and_num_layers_shape_the_mlp_torso():
-    model = make_model(VECTOR_SHAPE, 2, "--hidden_size", "32", "--num_layers", "1")
+    model = make_model(VECTOR_SHAPE, 2, hidden_size=32, num_layers=1)
     assert linear_shapes(model.torso) == [(4, 32)]
 
 
 def test_resnet_torso_flattens_3872_features_into_256_by_default():
     # Three stages of stride-2 pooling: 84 -> 42 -> 21 -> 11, with 32 channels.
-    assert linear_shapes(make_model(ATARI_SHAPE, 6, "--use_resnet").torso) == [(32 * 11 * 11, 256)]
+    assert linear_shapes(make_model(ATARI_SHAPE, 6, use_resnet=True).torso) == [(32 * 11 * 11, 256)]
 
 
 # The LSTM state is zeroed where an episode starts.
@@ -174,7 +170,7 @@ def test_lstm_state_is_reset_where_done():
     T, B, A, reset_at = 6, 2, 3, 3
     done = torch.zeros(T, B, dtype=torch.bool)
     done[reset_at, 0] = True  # column 0 starts a new episode at step 3; column 1 does not
-    model = make_model(VECTOR_SHAPE, A, "--use_lstm").eval()
+    model = make_model(VECTOR_SHAPE, A, use_lstm=True).eval()
     batch = inputs(T, B, VECTOR_SHAPE, A, done=done)
     with torch.no_grad():
         whole, _ = model(batch, model.initial_state(B))
@@ -189,7 +185,7 @@ def test_lstm_state_is_reset_where_done():
 
 def test_lstm_state_is_carried_between_calls():
     T, B, A = 4, 2, 3
-    model = make_model(VECTOR_SHAPE, A, "--use_lstm").eval()
+    model = make_model(VECTOR_SHAPE, A, use_lstm=True).eval()
     batch = inputs(T, B, VECTOR_SHAPE, A)
     with torch.no_grad():
         whole, _ = model(batch, model.initial_state(B))
@@ -257,32 +253,32 @@ def test_train_mode_sampling_is_reproducible_with_a_seed():
 
 
 def test_model_config_for_atari_frames_is_atari_net():
-    assert model_config(flags(), ATARI_SHAPE) == dict(
+    assert model_config(ModelSettings(), ATARI_SHAPE) == dict(
         kind="atari", hidden_size=512, num_layers=1, use_lstm=False
     )
 
 
 def test_model_config_with_use_resnet_is_resnet():
-    assert model_config(flags("--use_resnet", "--use_lstm"), ATARI_SHAPE) == dict(
+    assert model_config(ModelSettings(use_resnet=True, use_lstm=True), ATARI_SHAPE) == dict(
         kind="resnet", hidden_size=256, num_layers=1, use_lstm=True
     )
 
 
 def test_model_config_for_vector_observations_is_mlp():
-    assert model_config(flags(), VECTOR_SHAPE) == dict(
+    assert model_config(ModelSettings(), VECTOR_SHAPE) == dict(
         kind="mlp", hidden_size=64, num_layers=2, use_lstm=False
     )
 
 
 def test_model_config_for_small_grids_like_minatar_is_mlp():
-    assert model_config(flags("--use_resnet"), (10, 10, 4))["kind"] == "mlp"
+    assert model_config(ModelSettings(use_resnet=True), (10, 10, 4))["kind"] == "mlp"
 
 
 def test_grid_torso_is_the_minatar_papers_conv_then_one_layer():
-    assert model_config(flags("--torso", "grid"), (10, 10, 4)) == dict(
+    assert model_config(ModelSettings(torso="grid"), (10, 10, 4)) == dict(
         kind="grid", hidden_size=128, num_layers=1, use_lstm=False
     )
-    model = make_model((10, 10, 4), 3, "--torso", "grid")
+    model = make_model((10, 10, 4), 3, torso="grid")
     conv = 4 * 16 * 3 * 3 + 16
     fc = 16 * 8 * 8 * 128 + 128
     heads = (128 + 3 + 1) * 3 + 3 + (128 + 3 + 1) + 1
@@ -291,7 +287,7 @@ def test_grid_torso_is_the_minatar_papers_conv_then_one_layer():
 
 def test_grid_torso_reads_channels_last():
     # MinAtar's SpaceInvaders: 10x10 cells, 6 object channels, last.
-    model = make_model((10, 10, 6), 4, "--torso", "grid")
+    model = make_model((10, 10, 6), 4, torso="grid")
     assert model.torso.conv[0].in_channels == 6
     frame = torch.rand(5, 10, 10, 6) > 0.5
     assert model.torso(frame.float()).shape == (5, 128)
@@ -302,8 +298,8 @@ def test_grid_torso_reads_channels_last():
     [(ATARI_SHAPE, "resnet"), (ATARI_SHAPE, "mlp"), ((10, 10, 4), "grid"), (VECTOR_SHAPE, "mlp")],
 )
 def test_torso_flag_picks_the_torso(observation_shape, torso):
-    assert model_config(flags("--torso", torso), observation_shape)["kind"] == torso
-    model = make_model(observation_shape, 3, "--torso", torso)
+    assert model_config(ModelSettings(torso=torso), observation_shape)["kind"] == torso
+    model = make_model(observation_shape, 3, torso=torso)
     outputs, _ = model(inputs(2, 3, observation_shape, 3), ())
     assert outputs["policy_logits"].shape == (2, 3, 3)
 
@@ -313,17 +309,17 @@ def test_torso_flag_picks_the_torso(observation_shape, torso):
 )
 def test_torso_that_cannot_read_the_observations_is_refused_with_the_fix(observation_shape, torso):
     with pytest.raises(UserError, match=f"--torso {torso} reads .* use --torso mlp"):
-        model_config(flags("--torso", torso), observation_shape)
+        model_config(ModelSettings(torso=torso), observation_shape)
 
 
 def test_model_config_takes_hidden_size_and_num_layers_from_flags():
-    config = model_config(flags("--hidden_size", "32", "--num_layers", "3"), VECTOR_SHAPE)
+    config = model_config(ModelSettings(hidden_size=32, num_layers=3), VECTOR_SHAPE)
     assert (config["hidden_size"], config["num_layers"]) == (32, 3)
 
 
 @pytest.mark.parametrize("torso", ["mlp", "grid"])
 def test_model_runs_on_minatar_frames(torso):
-    model = make_model((10, 10, 4), 3, "--torso", torso)
+    model = make_model((10, 10, 4), 3, torso=torso)
     batch = inputs(2, 5, (10, 10, 4), 3)
     batch["frame"] = torch.rand(2, 5, 10, 10, 4) > 0.5  # MinAtar frames are boolean
     outputs, _ = model(batch, ())
@@ -334,7 +330,7 @@ def test_orthogonal_init_keeps_frame_features_at_scale():
     # PyTorch's default init shrinks AtariNet's features about 36-fold; orthogonal weights
     # with gain sqrt(2) keep them near the input's scale, so the heads see the frame.
     torch.manual_seed(0)
-    config = model_config(flags(), ATARI_SHAPE)
+    config = model_config(ModelSettings(), ATARI_SHAPE)
     frames = torch.randint(0, 256, (8, *ATARI_SHAPE), dtype=torch.uint8).float() / 255
     default = create_model(config, ATARI_SHAPE, 6).torso(frames)
     orthogonal = create_model(config, ATARI_SHAPE, 6, weight_init="orthogonal").torso(frames)
@@ -343,7 +339,7 @@ def test_orthogonal_init_keeps_frame_features_at_scale():
 
 def test_orthogonal_init_starts_near_uniform_with_zero_biases():
     torch.manual_seed(0)
-    model = create_model(model_config(flags(), ATARI_SHAPE), ATARI_SHAPE, 6, "orthogonal")
+    model = create_model(model_config(ModelSettings(), ATARI_SHAPE), ATARI_SHAPE, 6, "orthogonal")
     weight = model.torso.fc[0].weight.detach()  # [512, 3136]: orthonormal rows times sqrt(2)
     assert torch.allclose(weight @ weight.T, 2 * torch.eye(512), atol=1e-4)
     for layer in (model.torso.convs[0], model.torso.fc[0], model.policy, model.baseline):
@@ -360,7 +356,7 @@ def test_the_learners_model_starts_from_the_weight_init_flag(tmp_path, weight_in
 
     spec = EnvSpec("PongNoFrameskip-v4", ATARI_SHAPE, np.dtype(np.uint8), 6)
     argv = ["--xpid", "test", "--savedir", str(tmp_path), "--weight_init", weight_init]
-    trainer = Trainer(parse_flags(argv), spec)
+    trainer = Trainer(build_settings(parse_flags(argv), "mono"), spec)
     weight = trainer.learner.model.torso.fc[0].weight.detach()  # [512, 3136]
     is_orthogonal = torch.allclose(weight @ weight.T, 2 * torch.eye(512), atol=1e-4)
     assert is_orthogonal == orthogonal

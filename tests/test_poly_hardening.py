@@ -35,7 +35,8 @@ from tests.test_polybeast import (
     text,
     wait_for,
 )
-from torchbeast.config.settings import model_settings
+from torchbeast.config.flags import parse_flags
+from torchbeast.config.settings import build_settings
 from torchbeast.core.models import create_model, model_config
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import codec, trainer
@@ -95,10 +96,10 @@ def cartpole_step(observation, reward: float = 0.0) -> pb.EnvMessage:
 
 
 def test_inference_rows_that_come_out_non_finite_fail_only_their_own_stream(tmp_path):
-    flags = trainer.make_learner_parser("").parse_args([*LEARNER])
-    trainer.finish_learner_flags(flags)
-    pool = PolyActorPool(flags, spec=CARTPOLE)
-    config = model_config(model_settings(flags), CARTPOLE.observation_shape)
+    flags = parse_flags([*LEARNER], trainer.make_learner_parser(""))
+    settings = build_settings(flags, "poly")
+    pool = PolyActorPool(settings, spec=CARTPOLE)
+    config = model_config(settings.model, CARTPOLE.observation_shape)
     pool.attach(create_model(config, (4,), 2), config, str(tmp_path))
 
     def request(observation: list[float]):

@@ -26,11 +26,13 @@ def test_durations_read_as_a_person_would_say_them(seconds, text):
 
 def trainer(*argv: str, tmp_path):
     from torchbeast.config.flags import parse_flags
+    from torchbeast.config.settings import build_settings
     from torchbeast.envs import env_spec
     from torchbeast.runtime.training import Trainer
 
     flags = parse_flags(["--env", "CartPole-v1", "--savedir", str(tmp_path), *argv])
-    return Trainer(flags, env_spec(flags))
+    settings = build_settings(flags, "mono")
+    return Trainer(settings, env_spec(settings.env))
 
 
 def test_mean_return_is_over_the_last_100_episodes_on_every_line(tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -13,7 +12,10 @@ import pytest
 import torch
 
 from tests.test_monobeast import REPO, assert_one_error_line, monobeast, read_rows
+from torchbeast.config.env import env_settings
 from torchbeast.config.flags import parse_flags
+from torchbeast.config.poly import env_side_of
+from torchbeast.config.settings import build_settings
 from torchbeast.core.models import count_parameters, create_model
 from torchbeast.envs import BatchedEnv, EnvError, create_env, riverraid
 from torchbeast.envs.riverraid import (
@@ -25,7 +27,8 @@ from torchbeast.envs.riverraid import (
     proxy_from_flags,
     proxy_reward,
 )
-from torchbeast.runtime.poly.trainer import env_flags, make_learner_parser
+from torchbeast.envs.settings import EnvSettings
+from torchbeast.runtime.poly.trainer import make_learner_parser
 
 RIVERRAID = "RiverraidNoFrameskip-v4"
 
@@ -64,7 +67,7 @@ def test_flags_left_out_take_their_defaults():
 def test_a_proxy_on_another_game_is_one_clear_error():
     flags = parse_flags(["--env", "PongNoFrameskip-v4", "--fuel_multiplier", "2"])
     with pytest.raises(EnvError, match="Riverraid's reward proxies; PongNoFrameskip-v4"):
-        create_env(flags)
+        create_env(env_settings(flags))
 
 
 # Each proxy, one agent step at a time (hand-computed).
@@ -247,7 +250,7 @@ def test_the_last_step_of_a_game_keeps_its_true_reward_through_the_vector_env():
 
 def play(flags_args, steps, seed=0, fire=False):
     flags = parse_flags(["--env", RIVERRAID, *flags_args])
-    env = create_env(flags, num_envs=1)
+    env = create_env(env_settings(flags), num_envs=1)
     rng = np.random.default_rng(seed)
     rewards, true_rewards, true_moves = [], [], []
     try:
@@ -293,7 +296,7 @@ def test_real_rom_move_proxy_and_true_move_differ_by_their_penalties():
 
 def test_real_rom_the_jump_back_to_the_middle_is_one_move_and_the_life_taken_pays_nothing():
     flags = parse_flags(["--env", RIVERRAID, "--move_penalty", "4"])
-    env = create_env(flags, num_envs=1)
+    env = create_env(env_settings(flags), num_envs=1)
     console = env.env.envs[0].unwrapped.ale
     try:
         env.reset(seed=0)
@@ -317,8 +320,8 @@ def test_polybeast_passes_proxy_values_that_look_like_options_to_its_env_servers
         ["--env", RIVERRAID, "--move_penalty=-1e-05", "--fuel_multiplier", "1"],
         make_learner_parser("test"),
     )
-    assert env_flags(learner_flags).move_penalty == -1e-05
-    assert env_flags(learner_flags).fuel_multiplier == 1.0
+    env = env_side_of(build_settings(learner_flags, "poly")).env
+    assert (env.move_penalty, env.fuel_multiplier) == (-1e-05, 1.0)
 
 
 def test_real_rom_without_proxy_flags_stays_on_the_fast_vector_env():
@@ -327,7 +330,7 @@ def test_real_rom_without_proxy_flags_stays_on_the_fast_vector_env():
         assert type(env.env).__name__ == "AtariVectorEnv"
     finally:
         env.close()
-    env = create_env(argparse.Namespace(env=RIVERRAID, fuel_multiplier=2.0), num_envs=1)
+    env = create_env(EnvSettings(RIVERRAID, fuel_multiplier=2.0), num_envs=1)
     try:
         assert isinstance(env.env, gym.vector.SyncVectorEnv)
     finally:

@@ -8,6 +8,7 @@ import sys
 
 from tests.test_polybeast import REPO
 from torchbeast.config.flags import parse_flags
+from torchbeast.config.settings import build_settings
 from torchbeast.envs import worker_seed
 from torchbeast.runtime.acting import actor_seed
 
@@ -23,10 +24,11 @@ def test_no_seed_gives_no_seed():
 
 def test_actors_and_their_restarts_seed_disjoint_envs():
     flags = parse_flags(["--num_actors", "2", "--envs_per_actor", "8", "--seed", "1"])
+    settings = build_settings(flags, "mono")
     seen: set[int] = set()
     for incarnation in range(3):
         for actor in range(2):
-            seeds = env_seeds(actor_seed(flags, actor, incarnation), 8)
+            seeds = env_seeds(actor_seed(settings, actor, incarnation), 8)
             assert not seeds & seen
             seen |= seeds
     assert len(seen) == 3 * 2 * 8
@@ -39,15 +41,16 @@ def test_other_runs_seeds_start_elsewhere():
 CLIENT_SEEDS = """
 import threading
 from torchbeast.runtime.poly import env_side
+from torchbeast.config.poly import poly_env_settings
 from torchbeast.runtime.poly.env_flags import make_env_parser
 
-flags = make_env_parser().parse_args(
+settings = poly_env_settings(make_env_parser().parse_args(
     ["--connect", "unix:/nonexistent", "--seed", "5", "--num_servers", "2",
      "--clients_per_process", "2", "--envs_per_stream", "3"]
-)
+))
 seeds = []
 
-def session(flags, stub, client_id, seed, stop):  # stands in for the learner: 2 sessions
+def session(settings, stub, client_id, seed, stop):  # stands in for the learner: 2 sessions
     seeds.append(seed)
     if len(seeds) % 2 == 0:
         stop.set()
@@ -55,7 +58,7 @@ def session(flags, stub, client_id, seed, stop):  # stands in for the learner: 2
 env_side.connect_once = session
 for process in range(2):
     for client in range(2):
-        env_side.run_client(flags, process, client, threading.Event(), [])
+        env_side.run_client(settings, process, client, threading.Event(), [])
 print(seeds)
 """
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from torchbeast.config.flags import parse_flags
+from torchbeast.config.settings import Settings, build_settings
 from torchbeast.core import rollout
 from torchbeast.envs import env_spec
 from torchbeast.runtime.acting import Unroller
@@ -23,11 +24,15 @@ class InProcessPool:
     """One actor's Unroller, stepped by the learner thread that asks for a batch."""
 
     def __init__(self, trainer: Trainer, fail_after: int | None = None):
-        flags = trainer.flags
-        self.unroller = Unroller(flags, trainer.env_spec, trainer.config, seed=flags.seed)
-        self.buffers = rollout.allocate(trainer.env_spec, flags.unroll_length, flags.batch_size)
+        settings = trainer.settings
+        seed = settings.env.seed
+        self.unroller = Unroller(settings, trainer.env_spec, trainer.config, seed=seed)
+        batch_size = settings.learner.batch_size
+        self.buffers = rollout.allocate(
+            trainer.env_spec, settings.learner.unroll_length, batch_size
+        )
         self.core_states = tuple(
-            torch.zeros(flags.batch_size, *state.shape[::2])
+            torch.zeros(batch_size, *state.shape[::2])
             for state in self.unroller.model.initial_state(1)
         )
         self.stopping = threading.Event()
@@ -60,8 +65,8 @@ class InProcessPool:
 
 
 class InProcessTrainer(Trainer):
-    def __init__(self, flags, fail_after: int | None = None):
-        super().__init__(flags, env_spec(flags))
+    def __init__(self, settings: Settings, fail_after: int | None = None):
+        super().__init__(settings, env_spec(settings.env))
         self.fail_after = fail_after
         self.published: list[int] = []
 
@@ -76,8 +81,9 @@ class InProcessTrainer(Trainer):
             self.pool_made.unroller.model.load_state_dict(model.state_dict())
 
 
-def make_flags(tmp_path, *argv: str):
-    return parse_flags([*SMALL, "--savedir", str(tmp_path), "--xpid", "run", *argv])
+def make_flags(tmp_path, *argv: str) -> Settings:
+    flags = parse_flags([*SMALL, "--savedir", str(tmp_path), "--xpid", "run", *argv])
+    return build_settings(flags, "mono")
 
 
 def logged_steps(tmp_path) -> list[int]:

@@ -7,8 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.test_learner import make_batch, make_flags, make_model, parameters
-from torchbeast.config.settings import learner_settings
+from tests.test_learner import make_batch, make_model, make_setup, parameters
 from torchbeast.core.learner import Learner
 from torchbeast.core.value_scale import ValueScale
 
@@ -50,9 +49,9 @@ def small_reward_batch(seed=0):
 
 
 def test_returns_of_unit_scale_learn_exactly_as_without_it():
-    plain_flags, flags = make_flags(), make_flags("--normalize_values")
-    plain = Learner(learner_settings(plain_flags), make_model(plain_flags))
-    normalized = Learner(learner_settings(flags), make_model(flags))
+    plain_case, case = make_setup(), make_setup(normalize_values=True)
+    plain = Learner(plain_case.learner, make_model(plain_case))
+    normalized = Learner(case.learner, make_model(case))
     for k in range(3):
         expected = plain.learn(small_reward_batch(k))
         stats = normalized.learn(small_reward_batch(k))
@@ -63,9 +62,9 @@ def test_returns_of_unit_scale_learn_exactly_as_without_it():
 
 
 def test_with_scale_s_the_baseline_loss_is_divided_by_s_squared_and_the_pg_loss_by_s():
-    plain_flags, flags = make_flags(), make_flags("--normalize_values")
-    plain = Learner(learner_settings(plain_flags), make_model(plain_flags))
-    normalized = Learner(learner_settings(flags), make_model(flags))
+    plain_case, case = make_setup(), make_setup(normalize_values=True)
+    plain = Learner(plain_case.learner, make_model(plain_case))
+    normalized = Learner(case.learner, make_model(case))
     # The same unnormalised values: the head predicts V / 2 at scale 2.
     normalized.value_scale.scale = 2.0
     with torch.no_grad():
@@ -83,21 +82,21 @@ def test_with_scale_s_the_baseline_loss_is_divided_by_s_squared_and_the_pg_loss_
 
 
 def test_large_returns_raise_the_scale_and_it_is_logged_and_checkpointed():
-    flags = make_flags("--normalize_values", "--reward_clipping", "none")
-    learner = Learner(learner_settings(flags), make_model(flags))
+    case = make_setup(normalize_values=True, reward_clipping="none")
+    learner = Learner(case.learner, make_model(case))
     batch = make_batch()
     batch["reward"] = torch.full_like(batch["reward"], 30.0)
     batch["done"] = torch.zeros_like(batch["done"])
     stats = learner.learn(batch)
     assert stats["value_scale"] > 30.0  # n-step returns of 30 per step
-    resumed = Learner(learner_settings(flags), make_model(flags, seed=1))
+    resumed = Learner(case.learner, make_model(case, seed=1))
     resumed.load_state_dict(copy.deepcopy(learner.state_dict()))
     assert resumed.value_scale.state_dict() == learner.value_scale.state_dict()
 
 
 def test_without_the_flag_nothing_is_logged_or_scaled():
-    flags = make_flags()
-    learner = Learner(learner_settings(flags), make_model(flags))
+    case = make_setup()
+    learner = Learner(case.learner, make_model(case))
     batch = make_batch()
     batch["reward"] = torch.full_like(batch["reward"], 30.0)
     stats = learner.learn(batch)

@@ -37,8 +37,9 @@ from torchbeast.config.flags import (
     positive_int,
     resolve_num_buffers,
 )
-from torchbeast.core.filewriter import setup_console_logging
+from torchbeast.config.settings import build_settings
 from torchbeast.raybeast import add_ray_flags
+from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.poly.trainer import make_learner_parser
 from torchbeast.runtime.registry import RUNTIMES
 from torchbeast.runtime.training import Trainer
@@ -58,7 +59,13 @@ def make_bench_parser() -> argparse.ArgumentParser:
     parser.add_argument("--runtime", default="mono", choices=list(RUNTIMES))
     parser.add_argument("--warmup_steps", type=nonnegative_int, default=20_000)
     parser.add_argument("--bench_steps", type=positive_int, default=60_000)
+    parser.resolvers.append(resolve_num_buffers_of_mono)
     return parser
+
+
+def resolve_num_buffers_of_mono(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """--num_buffers, for the one runtime with shared-memory buffers."""
+    return resolve_num_buffers(flags, parser) if flags.runtime == "mono" else {}
 
 
 def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict) -> None:
@@ -92,32 +99,30 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
     trainer.stop_requested.set()
 
 
-def lay_out_env_servers(flags: argparse.Namespace, folder: str) -> None:
-    """PolyBeast: one env server per actor, on Unix sockets in ``folder``."""
-    flags.num_servers = flags.num_actors
-    flags.pipes_basename = f"unix:{folder}/env"
+def in_folder(flags: argparse.Namespace, folder: str) -> argparse.Namespace:
+    """The flags of a benchmark run in ``folder``, without checkpoints; PolyBeast: one env
+    server per actor, on Unix sockets in ``folder``."""
+    bench = dict(savedir=folder, xpid="bench", disable_checkpoint=True)
+    if flags.runtime == "poly":
+        bench.update(num_servers=flags.num_actors, pipes_basename=f"unix:{folder}/env")
+    return argparse.Namespace(**{**vars(flags), **bench})
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = make_bench_parser()
-    flags = parse_flags(argv, parser)
-    if flags.runtime == "mono":  # the one runtime with shared-memory buffers
-        resolve_num_buffers(flags, parser)
-    flags.disable_checkpoint = True
+    flags = parse_flags(argv, make_bench_parser())
     setup_console_logging()
     result: dict = {}
     trainer: Trainer | None = None
 
     def run_benchmark() -> None:
-        nonlocal trainer
-        runtime = RUNTIMES[flags.runtime].load(flags)
+        nonlocal trainer, flags
         with tempfile.TemporaryDirectory() as folder:
-            flags.savedir, flags.xpid = folder, "bench"
-            if flags.runtime == "poly":
-                lay_out_env_servers(flags, folder)
+            flags = in_folder(flags, folder)
+            settings = build_settings(flags, flags.runtime)
+            runtime = RUNTIMES[flags.runtime].load(settings)
             thread: threading.Thread | None = None
             try:
-                with runtime.session(flags) as trainer:
+                with runtime.session(settings) as trainer:
                     thread = threading.Thread(
                         target=measure,
                         args=(trainer, flags.warmup_steps, flags.bench_steps, result),

@@ -10,6 +10,7 @@ import gymnasium as gym
 import torch
 
 from torchbeast.config.flags import parse_flags
+from torchbeast.config.settings import Settings, build_settings
 from torchbeast.core.errors import UserError
 from torchbeast.runtime import evaluation
 
@@ -43,13 +44,15 @@ def report_errors(body: Callable[[], object]) -> int:
 def run(
     parser: argparse.ArgumentParser,
     argv: list[str] | None,
-    train: Callable[[argparse.Namespace], object],
+    runtime: str,
+    train: Callable[[Settings], object],
 ) -> int:
-    """Runs the mode the flags ask for: training in the entry point's runtime, or test and
-    eval, which play on this machine whatever the runtime."""
-    flags = parse_flags(argv, parser)
-    if flags.mode == "train":
-        return report_errors(lambda: train(flags))
-    if flags.mode == "eval":
-        return report_errors(lambda: evaluation.evaluate(flags))
-    return report_errors(lambda: evaluation.test(flags, render=flags.mode == "test_render"))
+    """Runs the mode the flags ask for: training in the entry point's ``runtime``, or test
+    and eval, which play on this machine whatever the runtime."""
+    settings = build_settings(parse_flags(argv, parser), runtime)
+    mode = settings.run.mode
+    if mode == "train":
+        return report_errors(lambda: train(settings))
+    if mode == "eval":
+        return report_errors(lambda: evaluation.evaluate(settings))
+    return report_errors(lambda: evaluation.test(settings, render=mode == "test_render"))

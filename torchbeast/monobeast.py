@@ -15,7 +15,7 @@ from torchbeast.runtime import mono
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser("MonoBeast: IMPALA on one machine, actors in processes.")
-    return run(parser, argv, train=mono.train)
+    return run(parser, argv, "mono", train=mono.train)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = trainer.make_learner_parser(
         "PolyBeast learner: IMPALA with environments as gRPC peers."
     )
-    return run(parser, argv, train=lambda flags: trainer.train(flags, start_envs=False))
+    return run(
+        parser, argv, "poly", train=lambda settings: trainer.train(settings, start_envs=False)
+    )
 
 
 if __name__ == "__main__":

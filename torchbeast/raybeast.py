@@ -12,6 +12,7 @@ import sys
 from torchbeast.cli import run
 from torchbeast.config import flags as core_flags
 from torchbeast.config.flags import make_parser
+from torchbeast.config.settings import Settings
 from torchbeast.runtime.registry import RUNTIMES
 
 
@@ -44,12 +45,12 @@ def make_ray_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def train(flags: argparse.Namespace) -> dict:
-    return RUNTIMES["ray"].load(flags).train(flags)
+def train(settings: Settings) -> dict:
+    return RUNTIMES["ray"].load(settings).train(settings)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(make_ray_parser(), argv, train=train)
+    return run(make_ray_parser(), argv, "ray", train=train)
 
 
 if __name__ == "__main__":

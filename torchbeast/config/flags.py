@@ -14,8 +14,12 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 
 MODES = ("train", "test", "test_render", "eval")
+
+# Fills defaults derived from other flags, or refuses a combination: the flags it resolves.
+Resolver = Callable[[argparse.Namespace, argparse.ArgumentParser], dict]
 
 # The default layout: this many environments in all, spread over the actors.
 DEFAULT_ENVS = 16
@@ -90,7 +94,10 @@ def make_parser(
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.shared_memory_buffers = shared_memory_buffers  # read by finish_flags
+    resolvers: list[Resolver] = [resolve_layout, resolve_run_folder]
+    parser.resolvers = resolvers  # run by parse_flags, in order; runtimes may add theirs
+    if shared_memory_buffers:
+        resolvers.append(resolve_num_buffers)
     add = parser.add_argument
 
     # Run.
@@ -362,10 +369,13 @@ def add_reward_proxy_flags(parser: argparse.ArgumentParser) -> None:
 def parse_flags(
     argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None
 ) -> argparse.Namespace:
-    """Parses and validates flags; impossible combinations exit with one clear message."""
+    """Parses and validates flags, and fills the defaults derived from other flags (the
+    parser's ``resolvers``, in order); impossible combinations exit with one clear message.
+    The result is final: nothing changes it afterwards."""
     parser = parser or make_parser()
     flags = parser.parse_args(argv)
-    finish_flags(flags, parser)
+    for resolve in parser.resolvers:
+        flags = argparse.Namespace(**{**vars(flags), **resolve(flags, parser)})
     return flags
 
 
@@ -380,44 +390,40 @@ def default_num_actors() -> int:
     return 1 << (cores.bit_length() - 1)
 
 
-def resolve_layout(flags: argparse.Namespace) -> None:
-    """Fills --num_actors and --envs_per_actor: the machine's layout of DEFAULT_ENVS
-    environments when neither is given, one env per actor (the original's) when only
-    --num_actors is."""
-    if flags.num_actors is None:
-        flags.num_actors = default_num_actors()
-        if flags.envs_per_actor is None:
-            flags.envs_per_actor = DEFAULT_ENVS // flags.num_actors
-    if flags.envs_per_actor is None:
-        flags.envs_per_actor = 1
+def resolve_layout(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """--num_actors and --envs_per_actor: the machine's layout of DEFAULT_ENVS environments
+    when neither is given, one env per actor (the original's) when only --num_actors is."""
+    num_actors, envs_per_actor = flags.num_actors, flags.envs_per_actor
+    if num_actors is None:
+        num_actors = default_num_actors()
+        if envs_per_actor is None:
+            envs_per_actor = DEFAULT_ENVS // num_actors
+    return dict(num_actors=num_actors, envs_per_actor=envs_per_actor or 1)
 
 
-def finish_flags(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """Fills derived defaults and refuses values no run could use."""
-    resolve_layout(flags)
-    flags.savedir = os.path.expanduser(os.path.expandvars(flags.savedir))
-    if flags.xpid is None:
-        flags.xpid = "torchbeast-" + time.strftime("%Y%m%d-%H%M%S")
-    if not re.fullmatch(r"[A-Za-z0-9._=+-]+", flags.xpid) or flags.xpid in (".", ".."):
+def resolve_run_folder(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """--savedir with ~ and $VARS expanded; --xpid, a plain folder name, from the time if
+    not given."""
+    xpid = flags.xpid or "torchbeast-" + time.strftime("%Y%m%d-%H%M%S")
+    if not re.fullmatch(r"[A-Za-z0-9._=+-]+", xpid) or xpid in (".", ".."):
         parser.error(
-            f"--xpid {flags.xpid!r} is not a plain folder name: "
-            "use letters, digits and . _ - = + only"
+            f"--xpid {xpid!r} is not a plain folder name: use letters, digits and . _ - = + only"
         )
-    if getattr(parser, "shared_memory_buffers", True):
-        resolve_num_buffers(flags, parser)
+    return dict(savedir=os.path.expanduser(os.path.expandvars(flags.savedir)), xpid=xpid)
 
 
-def resolve_num_buffers(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+def resolve_num_buffers(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
     """MonoBeast's --num_buffers: its default, or a refusal of too few."""
     needed = min_num_buffers(flags)
     if flags.num_buffers is None:
-        flags.num_buffers = max(2 * flags.num_actors * flags.envs_per_actor, needed)
-    elif flags.num_buffers < needed:
+        return dict(num_buffers=max(2 * flags.num_actors * flags.envs_per_actor, needed))
+    if flags.num_buffers < needed:
         parser.error(
             f"--num_buffers {flags.num_buffers} is too few for --batch_size {flags.batch_size} "
             f"with {flags.num_actors} actors x {flags.envs_per_actor} envs: "
             f"use --num_buffers {needed} or more"
         )
+    return {}
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,25 +1,117 @@
-"""From the parsed flags to the typed settings that the algorithm takes, once, at the edge:
-``core/`` receives these objects, never an argparse namespace."""
+"""From the parsed flags to the typed settings that every part of a run takes, once, at the
+edge: ``core/`` receives these objects, never an argparse namespace, and nothing edits
+them afterwards. What only the checkpoint or the first env stream can tell (a resumed
+PolyBeast run's env id, a test run's model) travels in the objects that need it."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import os
+from dataclasses import dataclass
 
+from torchbeast.config.env import env_settings, from_flags
+from torchbeast.config.poly import PolySettings, poly_settings
 from torchbeast.core.learner import LearnerSettings
 from torchbeast.core.models import ModelSettings
+from torchbeast.envs.settings import EnvSettings
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The run as a whole: where it writes, how long it trains, what it logs (the flags of
+    the same names)."""
+
+    mode: str
+    savedir: str
+    xpid: str
+    total_steps: int
+    checkpoint_interval: float  # seconds
+    disable_checkpoint: bool
+    num_learner_threads: int
+    disable_cuda: bool
+    num_episodes: int  # test and eval modes
+    episodes_for_avg: int
+    suppress_logs: bool
+    # Every flag as parsed and resolved, as meta.json and checkpoints record them.
+    flags: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.savedir, self.xpid)
+
+    def recorded_flags(self, env_id: str) -> dict[str, object]:
+        """The flags to record, with the env id the run resolved (e.g. from a checkpoint)."""
+        return {**dict(self.flags), "env": env_id}
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """LASER's shared experience replay (``--replay_size`` 0: off)."""
+
+    replay_size: int
+    replay_ratio: int
+    learn_start: int
+    trust_region_threshold: float
+
+
+@dataclass(frozen=True)
+class ActorSettings:
+    """How many actors (PolyBeast: env streams) step how many envs each."""
+
+    num_actors: int
+    envs_per_actor: int
+
+
+@dataclass(frozen=True)
+class MonoSettings:
+    num_buffers: int  # shared-memory rollout buffers
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    ray_address: str | None  # None: a local Ray instance
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a command was told; ``runtime`` holds the settings of the runtime that
+    trains (None in test and eval modes' own parsers)."""
+
+    run: RunSettings
+    env: EnvSettings
+    model: ModelSettings
+    learner: LearnerSettings
+    replay: ReplaySettings
+    actors: ActorSettings
+    runtime: MonoSettings | PolySettings | RaySettings | None = None
+
+
+RUNTIME_SETTINGS = {
+    "mono": lambda flags: from_flags(MonoSettings, flags),
+    "poly": poly_settings,
+    "ray": lambda flags: from_flags(RaySettings, flags),
+}
+
+
+def build_settings(flags: argparse.Namespace, runtime: str | None = None) -> Settings:
+    """The settings of a parsed command line (``config.flags.parse_flags``), with those of
+    ``runtime`` ("mono", "poly", "ray") if given."""
+    return Settings(
+        run=from_flags(RunSettings, flags, flags=tuple(vars(flags).items())),
+        env=env_settings(flags),
+        model=model_settings(flags),
+        learner=learner_settings(flags),
+        replay=from_flags(ReplaySettings, flags),
+        actors=from_flags(ActorSettings, flags),
+        runtime=RUNTIME_SETTINGS[runtime](flags) if runtime else None,
+    )
 
 
 def learner_settings(flags: argparse.Namespace) -> LearnerSettings:
     """The learner's settings: the flags of the same names."""
-    return _from_flags(LearnerSettings, flags)
+    return from_flags(LearnerSettings, flags)
 
 
 def model_settings(flags: argparse.Namespace) -> ModelSettings:
     """The model's settings: the flags of the same names."""
-    return _from_flags(ModelSettings, flags)
-
-
-def _from_flags(settings_type, flags: argparse.Namespace):
-    names = [field.name for field in dataclasses.fields(settings_type)]
-    return settings_type(**{name: getattr(flags, name) for name in names})
+    return from_flags(ModelSettings, flags)

@@ -8,7 +8,6 @@ process environment, which may hold secrets.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import datetime
 import json
@@ -17,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from importlib import metadata
 
 log = logging.getLogger("torchbeast")
@@ -45,44 +45,21 @@ def git_commit() -> str | None:
     return result.stdout.strip() or None if result.returncode == 0 else None
 
 
-def setup_console_logging(suppress: bool = False) -> None:
-    """Log lines on stdout; with ``suppress`` (--suppress_logs) only progress lines and
-    warnings."""
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(
-            logging.Formatter("[%(levelname)s:%(process)d %(asctime)s] %(message)s")
-        )
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
-    if suppress:
-        suppress_console_logs()
-
-
-def suppress_console_logs() -> None:
-    """Keeps only progress lines (steps, SPS, time left, mean return, entropy) and warnings on the
-    console; out.log still gets everything."""
-
-    def progress_or_warning(record: logging.LogRecord) -> bool:
-        return record.name == "torchbeast.progress" or record.levelno >= logging.WARNING
-
-    for handler in log.handlers:
-        if type(handler) is logging.StreamHandler:
-            handler.addFilter(progress_or_warning)
-
-
 class FileWriter:
-    def __init__(self, flags: argparse.Namespace, tensorboard: bool = True):
-        self.directory = os.path.join(flags.savedir, flags.xpid)
+    """Writes the run folder ``savedir/xpid``; ``flags`` (every flag's value) goes into
+    meta.json as given. The console's log lines are the caller's to set up."""
+
+    def __init__(
+        self, savedir: str, xpid: str, flags: Mapping[str, object], tensorboard: bool = True
+    ):
+        self.directory = os.path.join(savedir, xpid)
         os.makedirs(self.directory, exist_ok=True)
-        self._link_latest(flags)
+        self._link_latest(savedir, xpid)
         self.paths = {
             name: os.path.join(self.directory, name)
             for name in ("logs.csv", "fields.csv", "meta.json", "out.log")
         }
 
-        setup_console_logging()
         self._file_handler = logging.FileHandler(self.paths["out.log"])
         self._file_handler.setFormatter(
             logging.Formatter("[%(levelname)s:%(process)d %(asctime)s] %(message)s")
@@ -92,7 +69,7 @@ class FileWriter:
         now = datetime.datetime.now().isoformat()
         previous = self._read_previous_meta()
         self.meta = {
-            "flags": {key: value for key, value in vars(flags).items()},
+            "flags": dict(flags),
             "date_start": previous.get("date_start", now),
             "dates_resumed": previous.get("dates_resumed", []) + ([now] if previous else []),
             "date_end": None,
@@ -126,15 +103,15 @@ class FileWriter:
         except OSError:
             return 0
 
-    def _link_latest(self, flags: argparse.Namespace) -> None:
-        link = os.path.join(flags.savedir, "latest")
+    def _link_latest(self, savedir: str, xpid: str) -> None:
+        link = os.path.join(savedir, "latest")
         try:
             if os.path.islink(link):
                 os.remove(link)
             if not os.path.exists(link):
-                os.symlink(flags.xpid, link)
+                os.symlink(xpid, link)
         except OSError as error:
-            log.warning("could not point %s at %s: %s", link, flags.xpid, error)
+            log.warning("could not point %s at %s: %s", link, xpid, error)
 
     def _write_meta(self) -> None:
         tmp_path = self.paths["meta.json"] + ".tmp"

@@ -238,6 +238,7 @@ class ModelSettings:
     hidden_size: int | None = None
     num_layers: int | None = None
     use_lstm: bool = False
+    weight_init: str = "orthogonal"  # how a new model's weights start (create_model)
 
 
 def model_config(settings: ModelSettings, observation_shape: Sequence[int]) -> dict:

@@ -1,4 +1,4 @@
-"""Environments: ``create_env(flags)`` for any Gymnasium id, stepped N at a time.
+"""Environments: ``create_env(settings)`` for any Gymnasium id, stepped N at a time.
 
 Atari ids (``*NoFrameskip-v4``, ``ALE/*-v5``) run on ale-py's ``AtariVectorEnv`` (C++,
 threaded) with the DeepMind preprocessing TorchBeast used: up to 30 no-ops on reset,
@@ -24,7 +24,6 @@ proxy needs each emulator frame's score and the RAM.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import threading
 
@@ -34,6 +33,7 @@ import numpy as np
 from torchbeast.core.errors import UserError
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs import cue, riverraid
+from torchbeast.envs.settings import EnvSettings
 
 ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
 LIST_IDS_HINT = "list valid ids with: python -m torchbeast.envs"
@@ -293,21 +293,24 @@ def make_single_atari(
 
 
 def create_env(
-    flags: argparse.Namespace | str,
+    settings: EnvSettings | str,
     num_envs: int = 1,
     seed: int | None = None,
     num_threads: int = 1,
     render: bool = False,
 ) -> BatchedEnv:
-    """Creates ``num_envs`` copies of ``flags.env`` (or of the id given) as one BatchedEnv.
+    """Creates ``num_envs`` copies of ``settings.env`` (or of the id given, with the
+    defaults) as one BatchedEnv.
 
     ``num_threads`` is the number of C++ threads stepping Atari games (ignored otherwise).
     Call ``reset(seed)`` on the result before stepping it.
     """
-    env_id = flags if isinstance(flags, str) else flags.env
+    if isinstance(settings, str):
+        settings = EnvSettings(settings)
+    env_id = settings.env
     spec = gym_spec(env_id)
     atari = spec.entry_point == ATARI_ENTRY_POINT
-    proxy = None if isinstance(flags, str) else riverraid.proxy_from_flags(flags)
+    proxy = riverraid.proxy_from_flags(settings)
     if proxy is not None and not riverraid.is_riverraid(spec):
         raise EnvError(
             f"--fuel_multiplier, --move_penalty and --true_move_penalty are Riverraid's reward "
@@ -327,7 +330,7 @@ def create_env(
         vector_env = gym.vector.SyncVectorEnv(
             [lambda: gym.make(env_id, **make_kwargs)] * num_envs, autoreset_mode=autoreset
         )
-    fire_on_life_loss = isinstance(flags, str) or not getattr(flags, "no_fire_on_life_loss", False)
+    fire_on_life_loss = not settings.no_fire_on_life_loss
     return BatchedEnv(
         vector_env,
         env_id,
@@ -336,10 +339,10 @@ def create_env(
     )
 
 
-def log_training_reward(flags: argparse.Namespace) -> None:
+def log_training_reward(settings: EnvSettings, reward_clipping: str) -> None:
     """Says which reward trains the agent where it is not the env's own (a Riverraid reward
-    proxy), with a warning where a flag hides it."""
-    riverraid.log_training_reward(flags)
+    proxy), with a warning where ``reward_clipping`` hides it."""
+    riverraid.log_training_reward(settings, reward_clipping)
 
 
 def fire_action(env_id: str) -> int | None:
@@ -352,9 +355,9 @@ def fire_action(env_id: str) -> int | None:
     return meanings.index("FIRE") if "FIRE" in meanings else None
 
 
-def env_spec(flags: argparse.Namespace | str) -> EnvSpec:
+def env_spec(settings: EnvSettings | str) -> EnvSpec:
     """Observation shape/dtype and number of actions, from one throwaway env."""
-    env = create_env(flags, num_envs=1)
+    env = create_env(settings, num_envs=1)
     try:
         return env.spec
     finally:

@@ -89,14 +89,14 @@ def proxy_from_flags(flags: argparse.Namespace) -> RewardProxy | None:
     return RewardProxy(**{name: value for name, value in given.items() if value is not None})
 
 
-def log_training_reward(flags: argparse.Namespace) -> None:
+def log_training_reward(settings, reward_clipping: str) -> None:
     """With a proxy, says which reward trains the agent, and warns when the default reward
-    clipping hides the proxy's size."""
-    proxy = proxy_from_flags(flags)
+    clipping hides the proxy's size. ``settings``: the env's (its proxy fields)."""
+    proxy = proxy_from_flags(settings)
     if proxy is None:
         return
     log.info("Reward: %s.", proxy.describe())
-    if getattr(flags, "reward_clipping", None) == "abs_one":
+    if reward_clipping == "abs_one":
         log.warning(
             "--reward_clipping abs_one clips the %s proxy's rewards to +-1, which hides "
             "their size: use --reward_clipping none to train on them as they are.",

@@ -8,8 +8,8 @@ RayBeast's into buffers they return through Ray's object store.
 
 from __future__ import annotations
 
-import argparse
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,11 +18,15 @@ from torchbeast.core import rollout
 from torchbeast.core.models import create_model
 from torchbeast.core.spec import EnvSpec
 
+if TYPE_CHECKING:
+    from torchbeast.config.settings import Settings
 
-def actor_seed(flags: argparse.Namespace, actor_index: int, incarnation: int) -> int | None:
+
+def actor_seed(settings: Settings, actor_index: int, incarnation: int) -> int | None:
     """A distinct seed for each actor and each restart of it, derived from ``--seed``."""
-    worker = incarnation * flags.num_actors + actor_index
-    return envs.worker_seed(flags.seed, worker, flags.envs_per_actor)
+    actors = settings.actors
+    worker = incarnation * actors.num_actors + actor_index
+    return envs.worker_seed(settings.env.seed, worker, actors.envs_per_actor)
 
 
 class Unroller:
@@ -31,17 +35,15 @@ class Unroller:
     ``env_time`` and ``inference_time`` accumulate CPU seconds for the benchmark.
     """
 
-    def __init__(
-        self, flags: argparse.Namespace, env_spec: EnvSpec, config: dict, seed: int | None
-    ):
+    def __init__(self, settings: Settings, env_spec: EnvSpec, config: dict, seed: int | None):
         if seed is not None:
             torch.manual_seed(seed)
         else:
             torch.seed()  # every new process starts from torch's one fixed seed otherwise
-        self.unroll_length = flags.unroll_length
+        self.unroll_length = settings.learner.unroll_length
         self.env_keys = rollout.env_keys(env_spec)  # with the env's episode extras
-        num_envs = flags.envs_per_actor
-        self.env = envs.create_env(flags, num_envs=num_envs, num_threads=1)
+        num_envs = settings.actors.envs_per_actor
+        self.env = envs.create_env(settings.env, num_envs=num_envs, num_threads=1)
         self.model = create_model(config, env_spec.observation_shape, env_spec.num_actions)
         self.model.train()  # sample actions
         self.env_output = {k: torch.from_numpy(v) for k, v in self.env.reset(seed=seed).items()}

@@ -19,11 +19,12 @@ import numpy as np
 import torch
 
 from torchbeast import envs
-from torchbeast.config.settings import model_settings
+from torchbeast.config.settings import Settings
 from torchbeast.core import checkpoint
-from torchbeast.core.filewriter import setup_console_logging
-from torchbeast.core.models import create_model, model_config
+from torchbeast.core.models import ModelSettings, create_model, model_config
 from torchbeast.envs import riverraid
+from torchbeast.envs.settings import EnvSettings
+from torchbeast.runtime.console import setup_console_logging
 
 log = logging.getLogger("torchbeast")
 
@@ -48,49 +49,62 @@ class Episode:
         return {**totals, **per_step, "episode_length": float(self.length)}
 
 
-def load_trained(flags: argparse.Namespace) -> tuple[dict, str]:
-    """The run's checkpoint and its path; ``flags.env`` defaults to the run's env."""
-    path = os.path.join(flags.savedir, flags.xpid, "model.tar")
+@dataclasses.dataclass(frozen=True)
+class Trained:
+    """A trained run's checkpoint, and the environments to play it on: ``--env``, or if
+    not given the run's own."""
+
+    state: dict
+    path: str
+    env: EnvSettings
+
+
+def load_trained(settings: Settings) -> Trained:
+    """The run's checkpoint, with the env id resolved."""
+    path = os.path.join(settings.run.run_dir, "model.tar")
     state = checkpoint.load(path)
-    if flags.env is None:
+    env = settings.env
+    if env.env is None:
         if "env" not in state:
             raise checkpoint.CheckpointError(f"{path} is not a torchbeast checkpoint (no env)")
-        flags.env = state["env"]
-    return state, path
+        env = dataclasses.replace(env, env=state["env"])
+    return Trained(state, path, env)
 
 
 def checkpoint_model_config(
-    flags: argparse.Namespace, observation_shape: Sequence[int], state: dict, path: str
+    model: ModelSettings, trained: Trained, observation_shape: Sequence[int]
 ) -> dict:
     """The checkpoint's model, so that test and eval commands need not repeat the model
     flags; a model flag that is given must match it."""
-    config = model_config(model_settings(flags), observation_shape)
+    config = model_config(model, observation_shape)
+    state, path = trained.state, trained.path
     saved = state.get("model_config", {})
-    if flags.hidden_size is None and "hidden_size" in saved:
+    if model.hidden_size is None and "hidden_size" in saved:
         config["hidden_size"] = saved["hidden_size"]
-    if flags.num_layers is None and "num_layers" in saved:
+    if model.num_layers is None and "num_layers" in saved:
         config["num_layers"] = saved["num_layers"]
-    if not flags.use_lstm and "use_lstm" in saved:
+    if not model.use_lstm and "use_lstm" in saved:
         config["use_lstm"] = saved["use_lstm"]
-    if flags.torso is None and not flags.use_resnet and "kind" in saved:
+    if model.torso is None and not model.use_resnet and "kind" in saved:
         config["kind"] = saved["kind"]
-    checkpoint.check_compatible(state, flags.env, config, path)
+    checkpoint.check_compatible(state, trained.env.env, config, path)
     return config
 
 
-def play(flags: argparse.Namespace, state: dict, path: str, render: bool = False) -> list[Episode]:
-    """Plays ``flags.num_episodes`` whole games greedily with the checkpoint's model."""
-    env = envs.create_env(flags, num_envs=1, render=render)
+def play(settings: Settings, trained: Trained, render: bool = False) -> list[Episode]:
+    """Plays ``--num_episodes`` whole games greedily with the checkpoint's model."""
+    env = envs.create_env(trained.env, num_envs=1, render=render)
+    state = trained.state
     try:
         spec = env.spec
-        config = checkpoint_model_config(flags, spec.observation_shape, state, path)
+        config = checkpoint_model_config(settings.model, trained, spec.observation_shape)
         model = create_model(config, spec.observation_shape, spec.num_actions)
         model.load_state_dict(state["model_state_dict"])
         model.eval()  # greedy actions
         episodes: list[Episode] = []
-        env_output = {k: torch.from_numpy(v) for k, v in env.reset(seed=flags.seed).items()}
+        env_output = {k: torch.from_numpy(v) for k, v in env.reset(seed=trained.env.seed).items()}
         core_state = model.initial_state(1)
-        while len(episodes) < flags.num_episodes:
+        while len(episodes) < settings.run.num_episodes:
             with torch.inference_mode():
                 inputs = {k: v.unsqueeze(0) for k, v in env_output.items()}
                 outputs, core_state = model(inputs, core_state)
@@ -118,11 +132,11 @@ def play(flags: argparse.Namespace, state: dict, path: str, render: bool = False
         env.close()
 
 
-def test(flags: argparse.Namespace, render: bool = False) -> list[float]:
+def test(settings: Settings, render: bool = False) -> list[float]:
     """--mode test: plays ``num_episodes`` whole games greedily and logs their returns."""
     setup_console_logging()
-    state, path = load_trained(flags)
-    returns = [episode.proxy_return for episode in play(flags, state, path, render)]
+    trained = load_trained(settings)
+    returns = [episode.proxy_return for episode in play(settings, trained, render)]
     log.info("Average returns over %i episodes: %.1f", len(returns), np.mean(returns))
     return returns
 
@@ -139,35 +153,37 @@ def summarize(episodes: list[Episode]) -> dict[str, dict[str, float]]:
     }
 
 
-def proxy_flags(flags: argparse.Namespace | dict) -> dict[str, float]:
-    """The proxy flags as the run uses them (defaults filled in), {} for the game score."""
-    values = vars(flags) if isinstance(flags, argparse.Namespace) else flags
-    proxy = riverraid.proxy_from_flags(argparse.Namespace(**values))
+def proxy_flags(flags: EnvSettings | dict) -> dict[str, float]:
+    """The proxy flags as the run uses them (defaults filled in), {} for the game score;
+    ``flags``: the env settings, or the flags a checkpoint recorded."""
+    given = argparse.Namespace(**flags) if isinstance(flags, dict) else flags
+    proxy = riverraid.proxy_from_flags(given)
     return {} if proxy is None else dataclasses.asdict(proxy)
 
 
-def evaluate(flags: argparse.Namespace) -> dict:
+def evaluate(settings: Settings) -> dict:
     """--mode eval: plays greedily, prints mean ± std of each figure, writes eval.json."""
     setup_console_logging()
-    state, path = load_trained(flags)
+    trained = load_trained(settings)
+    state, xpid = trained.state, settings.run.xpid
     trained_with = proxy_flags(state.get("flags", {}))
-    evaluated_with = proxy_flags(flags)
+    evaluated_with = proxy_flags(trained.env)
     if trained_with != evaluated_with:
         log.warning(
             "Evaluating with reward proxy %s, but %s was trained with %s.",
             evaluated_with or "none (game score)",
-            flags.xpid,
+            xpid,
             trained_with or "none (game score)",
         )
-    episodes = play(flags, state, path)
+    episodes = play(settings, trained)
     summary = summarize(episodes)
     # The models hold parameters only (no buffers such as batch-norm statistics).
     parameters = sum(tensor.numel() for tensor in state["model_state_dict"].values())
     for name, figure in summary.items():
         log.info("%-22s %10.2f ± %.2f", name, figure["mean"], figure["std"])
     report = {
-        "xpid": flags.xpid,
-        "env": flags.env,
+        "xpid": xpid,
+        "env": trained.env.env,
         "num_episodes": len(episodes),
         "parameters": parameters,
         "reward_proxy": evaluated_with,
@@ -175,7 +191,7 @@ def evaluate(flags: argparse.Namespace) -> dict:
         **summary,
         "episodes": [episode.figures() for episode in episodes],
     }
-    eval_path = os.path.join(flags.savedir, flags.xpid, "eval.json")
+    eval_path = os.path.join(settings.run.run_dir, "eval.json")
     write_json_atomically(eval_path, report)
     log.info("Wrote %s (%d parameters).", eval_path, parameters)
     return report

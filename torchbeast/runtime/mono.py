@@ -17,7 +17,6 @@ held, and starts a new one. A learner that dies closes the pipes and the actors 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import dataclasses
@@ -36,11 +35,12 @@ import torch
 from torch import nn
 
 from torchbeast import envs
+from torchbeast.config.settings import Settings
 from torchbeast.core import rollout
-from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.models import create_model
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.acting import Unroller, actor_seed
+from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.processes import die_with_parent
 from torchbeast.runtime.supervision import (
     STOP_SIGNALS,
@@ -115,7 +115,7 @@ class SharedWeights:
 class ActorShared:
     """What every actor process receives: settings and the shared-memory tensors."""
 
-    flags: argparse.Namespace
+    settings: Settings
     env_spec: EnvSpec
     config: dict
     buffers: dict[str, torch.Tensor]  # name -> [num_buffers, T+1, ...]
@@ -149,9 +149,9 @@ def actor_process(
 def run_actor(
     actor_index: int, incarnation: int, shared: ActorShared, conn: mp.connection.Connection
 ) -> None:
-    flags = shared.flags
-    seed = actor_seed(flags, actor_index, incarnation)
-    unroller = Unroller(flags, shared.env_spec, shared.config, seed)
+    settings = shared.settings
+    seed = actor_seed(settings, actor_index, incarnation)
+    unroller = Unroller(settings, shared.env_spec, shared.config, seed)
     version = shared.weights.read_into(unroller.model, -1)
     cpu_mark = time.process_time()
     conn.send(("ready", []))
@@ -164,7 +164,7 @@ def run_actor(
         now = time.process_time()
         env_time, inference_time = unroller.take_times()
         shared.timings[actor_index] += torch.tensor(
-            [env_time, inference_time, now - cpu_mark, flags.unroll_length * len(slots)],
+            [env_time, inference_time, now - cpu_mark, unroller.unroll_length * len(slots)],
             dtype=torch.float64,
         )
         cpu_mark = now
@@ -185,30 +185,33 @@ class ActorPool(Supervised):
 
     def __init__(
         self,
-        flags: argparse.Namespace,
+        settings: Settings,
         env_spec: EnvSpec,
         config: dict,
         weights: SharedWeights,
     ):
-        self.flags = flags
+        num_buffers = settings.runtime.num_buffers
+        num_actors = settings.actors.num_actors
+        self.envs_per_actor = settings.actors.envs_per_actor
+        self.batch_size = settings.learner.batch_size
         self.context = mp.get_context("spawn")
         state = create_model(
             config, env_spec.observation_shape, env_spec.num_actions
         ).initial_state(1)
         self.shared = ActorShared(
-            flags=flags,
+            settings=settings,
             env_spec=env_spec,
             config=config,
-            buffers=rollout.allocate(env_spec, flags.unroll_length, flags.num_buffers, True),
+            buffers=rollout.allocate(env_spec, settings.learner.unroll_length, num_buffers, True),
             # Core state at the start of each rollout: [num_buffers, layers, H] per tensor.
             initial_core_states=tuple(
-                torch.zeros(flags.num_buffers, *s.shape[::2]).share_memory_() for s in state
+                torch.zeros(num_buffers, *s.shape[::2]).share_memory_() for s in state
             ),
             weights=weights,
-            timings=torch.zeros(flags.num_actors, 4, dtype=torch.float64).share_memory_(),
+            timings=torch.zeros(num_actors, 4, dtype=torch.float64).share_memory_(),
         )
 
-        self.free_slots: collections.deque[int] = collections.deque(range(flags.num_buffers))
+        self.free_slots: collections.deque[int] = collections.deque(range(num_buffers))
         self.full_slots: queue.Queue[int] = queue.Queue()
         self.slot_sources: dict[int, tuple[int, int]] = {}  # slot -> (actor, env) that filled it
         self.lock = threading.Lock()
@@ -216,8 +219,8 @@ class ActorPool(Supervised):
         self.held: dict[int, list[int]] = {}
         self.processes: dict[int, mp.process.BaseProcess] = {}
         self.conns: dict[int, mp.connection.Connection] = {}
-        self.incarnations = [0] * flags.num_actors
-        self.restarts = RestartBudget(flags.num_actors)
+        self.incarnations = [0] * num_actors
+        self.restarts = RestartBudget(num_actors)
         super().__init__()
         self.batch_lock = threading.Lock()
         self.dispatcher = threading.Thread(target=self._dispatch, name="dispatcher", daemon=True)
@@ -225,7 +228,7 @@ class ActorPool(Supervised):
     # Lifecycle.
 
     def start(self) -> None:
-        for actor_index in range(self.flags.num_actors):
+        for actor_index in range(len(self.incarnations)):
             self._start_actor(actor_index)
         self.dispatcher.start()
 
@@ -321,7 +324,7 @@ class ActorPool(Supervised):
 
     def _serve_waiting(self) -> None:
         """Hands free slots to waiting actors, all of an actor's slots at once (lock held)."""
-        needed = self.flags.envs_per_actor
+        needed = self.envs_per_actor
         while self.waiting and len(self.free_slots) >= needed:
             actor_index = self.waiting.popleft()
             slots = [self.free_slots.popleft() for _ in range(needed)]
@@ -340,7 +343,7 @@ class ActorPool(Supervised):
         (actor, env) each came from; None when stopping."""
         slots: list[int] = []
         with self.batch_lock:
-            while len(slots) < self.flags.batch_size:
+            while len(slots) < self.batch_size:
                 if self.stopping.is_set():
                     self.release(slots)
                     return None
@@ -379,25 +382,25 @@ class ActorPool(Supervised):
 class MonoTrainer(Trainer):
     """Training with actor processes that share memory with the learner."""
 
-    def __init__(self, flags: argparse.Namespace):
-        super().__init__(flags, envs.env_spec(flags))
+    def __init__(self, settings: Settings):
+        super().__init__(settings, envs.env_spec(settings.env))
         self.weights = SharedWeights(self.learner.model)
 
     def create_pool(self) -> ActorPool:
         self.weights.publish(self.learner.model)
-        return ActorPool(self.flags, self.env_spec, self.config, self.weights)
+        return ActorPool(self.settings, self.env_spec, self.config, self.weights)
 
     def publish(self, model: nn.Module) -> None:
         self.weights.publish(model)
 
 
 @contextlib.contextmanager
-def session(flags: argparse.Namespace) -> Iterator[MonoTrainer]:
+def session(settings: Settings) -> Iterator[MonoTrainer]:
     """A trainer ready to start its actor processes (which its ``train`` stops)."""
-    setup_console_logging(flags.suppress_logs)
-    yield MonoTrainer(flags)
+    setup_console_logging(settings.run.suppress_logs)
+    yield MonoTrainer(settings)
 
 
-def train(flags: argparse.Namespace) -> dict:
-    with session(flags) as trainer:
+def train(settings: Settings) -> dict:
+    with session(settings) as trainer:
         return trainer.train()

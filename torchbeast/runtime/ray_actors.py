@@ -17,7 +17,6 @@ from the environment when it is first imported.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import math
@@ -33,10 +32,11 @@ import torch
 from torch import nn
 
 from torchbeast import envs
+from torchbeast.config.settings import Settings
 from torchbeast.core import rollout
-from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.acting import Unroller, actor_seed
+from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.queues import Closed, RolloutQueue
 from torchbeast.runtime.supervision import RestartBudget, Supervised, last_line, signals_blocked
 from torchbeast.runtime.training import Trainer, TrainingError
@@ -55,17 +55,19 @@ class RolloutActor:
 
     def __init__(
         self,
-        flags: argparse.Namespace,
+        settings: Settings,
         env_spec: EnvSpec,
         config: dict,
         actor_index: int,
         incarnation: int,
     ):
         torch.set_num_threads(1)
-        num_envs = flags.envs_per_actor
-        seed = actor_seed(flags, actor_index, incarnation)
-        self.unroller = Unroller(flags, env_spec, config, seed)
-        self.buffers = rollout.allocate(env_spec, flags.unroll_length, num_envs)  # [E, T+1, ...]
+        num_envs = settings.actors.envs_per_actor
+        seed = actor_seed(settings, actor_index, incarnation)
+        self.unroller = Unroller(settings, env_spec, config, seed)
+        self.buffers = rollout.allocate(
+            env_spec, settings.learner.unroll_length, num_envs
+        )  # [E, T+1, ...]
         state = self.unroller.model.initial_state(1)  # each [layers, 1, H]
         self.initial_core_states = tuple(torch.zeros(num_envs, *s.shape[::2]) for s in state)
         self.index = torch.arange(num_envs)
@@ -138,35 +140,42 @@ class RayActorPool(Supervised):
 
     def __init__(
         self,
-        flags: argparse.Namespace,
+        settings: Settings,
         env_spec: EnvSpec,
         config: dict,
         weights: RayWeights,
     ):
         super().__init__()
-        self.flags, self.env_spec, self.config, self.weights = flags, env_spec, config, weights
+        self.settings, self.env_spec, self.config, self.weights = (
+            settings,
+            env_spec,
+            config,
+            weights,
+        )
+        self.batch_size = settings.learner.batch_size
+        num_actors, self.envs_per_actor = settings.actors.num_actors, settings.actors.envs_per_actor
         # Columns waiting for the learner; a full queue holds the collector back.
         self.queue: RolloutQueue[tuple] = RolloutQueue(
-            2 * flags.batch_size + flags.envs_per_actor, closed=self.stopping
+            2 * self.batch_size + self.envs_per_actor, closed=self.stopping
         )
         self.lock = threading.Lock()
-        self.actors: list = [None] * flags.num_actors
-        self.incarnations = [0] * flags.num_actors
+        self.actors: list = [None] * num_actors
+        self.incarnations = [0] * num_actors
         self.pending: dict[ray.ObjectRef, tuple[int, int]] = {}  # task -> (actor, incarnation)
-        self.restarts = RestartBudget(flags.num_actors)
+        self.restarts = RestartBudget(num_actors)
         self.timings = np.zeros(4)  # env, inference, all CPU seconds; agent steps
         self.started = time.monotonic()
         self.first_rollout_s: float | None = None
         # Fraction of a CPU each actor asks Ray for, so that every actor can be placed:
         # rounded down to Ray's resource granularity (1e-4), never up.
         total_cpus = ray.cluster_resources().get("CPU", 1.0)
-        share = math.floor(total_cpus / flags.num_actors * 10_000) / 10_000
+        share = math.floor(total_cpus / num_actors * 10_000) / 10_000
         self.cpus_per_actor = min(1.0, max(share, 0.0001))
         self.collector = threading.Thread(target=self._collect, name="collector", daemon=True)
 
     def start(self) -> None:
         self.started = time.monotonic()
-        for actor_index in range(self.flags.num_actors):
+        for actor_index in range(len(self.actors)):
             self._start_actor(actor_index)
         self.collector.start()
 
@@ -174,7 +183,7 @@ class RayActorPool(Supervised):
         actor = RemoteRolloutActor.options(
             num_cpus=self.cpus_per_actor, scheduling_strategy="SPREAD"
         ).remote(
-            self.flags, self.env_spec, self.config, actor_index, self.incarnations[actor_index]
+            self.settings, self.env_spec, self.config, actor_index, self.incarnations[actor_index]
         )
         with self.lock:
             self.actors[actor_index] = actor
@@ -248,7 +257,7 @@ class RayActorPool(Supervised):
     def _queue_columns(self, actor_index: int, result: dict) -> None:
         """Queues each env's rollout as one column: numpy views into the object store."""
         arrays, core_state = result["rollout"], result["core_state"]
-        for env_index in range(self.flags.envs_per_actor):
+        for env_index in range(self.envs_per_actor):
             column = {key: value[env_index] for key, value in arrays.items()}  # [T+1, ...]
             env_state = tuple(s[env_index][:, None] for s in core_state)  # [layers, 1, H]
             self.queue.put((column, env_state, (actor_index, env_index)))
@@ -275,7 +284,7 @@ class RayActorPool(Supervised):
         self,
     ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...], list[tuple[int, int]]] | None:
         """B columns stacked to [T+1, B, ...], their core states [layers, B, H], sources."""
-        items = self.queue.get_batch(self.flags.batch_size)
+        items = self.queue.get_batch(self.batch_size)
         if items is None:
             return None
         # One copy, out of the object store into the batch.
@@ -300,8 +309,8 @@ class RayActorPool(Supervised):
 class RayTrainer(Trainer):
     """Training with Ray actors; the learner runs in the driver."""
 
-    def __init__(self, flags: argparse.Namespace, connected: str = ""):
-        super().__init__(flags, envs.env_spec(flags))
+    def __init__(self, settings: Settings, connected: str = ""):
+        super().__init__(settings, envs.env_spec(settings.env))
         self.connected = connected
         self.weights = RayWeights()
 
@@ -309,18 +318,19 @@ class RayTrainer(Trainer):
         if self.connected:  # now that out.log exists
             log.info("%s", self.connected)
         self.weights.publish(self.learner.model)
-        return RayActorPool(self.flags, self.env_spec, self.config, self.weights)
+        return RayActorPool(self.settings, self.env_spec, self.config, self.weights)
 
     def publish(self, model: nn.Module) -> None:
         self.weights.publish(model)
 
 
-def connect(flags: argparse.Namespace) -> str:
+def connect(settings: Settings) -> str:
     """Starts a local Ray instance on this machine's CPUs, or joins ``--ray_address``;
     returns a line that says which, for the run's log."""
-    quiet = dict(logging_level=logging.WARNING, log_to_driver=not flags.suppress_logs)
+    quiet = dict(logging_level=logging.WARNING, log_to_driver=not settings.run.suppress_logs)
+    address = settings.runtime.ray_address
     started = time.monotonic()
-    if flags.ray_address is None:
+    if address is None:
         # Ray's daemons inherit this signal mask (Ray itself blocks SIGINT for them). A
         # SIGTERM to the whole process group, as job schedulers send, must reach only the
         # driver, which then saves a checkpoint and stops Ray; a raylet that died first
@@ -330,14 +340,14 @@ def connect(flags: argparse.Namespace) -> str:
         where = "a local Ray instance (127.0.0.1)"
     else:
         try:
-            ray.init(address=flags.ray_address, **quiet)
+            ray.init(address=address, **quiet)
         except (ConnectionError, RuntimeError, ray.exceptions.RayError) as error:
             raise TrainingError(
-                f"cannot join the Ray cluster at --ray_address {flags.ray_address}: "
+                f"cannot join the Ray cluster at --ray_address {address}: "
                 f"{last_line(error)}. Start one with `ray start --head`, or leave out "
                 "--ray_address to run Ray on this machine"
             ) from None
-        where = f"the Ray cluster at {flags.ray_address}"
+        where = f"the Ray cluster at {address}"
     seconds = time.monotonic() - started
     cpus = ray.cluster_resources().get("CPU", 0)
     nodes = len([node for node in ray.nodes() if node.get("Alive")])
@@ -345,17 +355,17 @@ def connect(flags: argparse.Namespace) -> str:
 
 
 @contextlib.contextmanager
-def session(flags: argparse.Namespace) -> Iterator[RayTrainer]:
+def session(settings: Settings) -> Iterator[RayTrainer]:
     """A trainer on a running Ray (a local instance started here, or --ray_address);
     a local instance is stopped at the end."""
-    setup_console_logging(flags.suppress_logs)
-    connected = connect(flags)
+    setup_console_logging(settings.run.suppress_logs)
+    connected = connect(settings)
     try:
-        yield RayTrainer(flags, connected)
+        yield RayTrainer(settings, connected)
     finally:
         ray.shutdown()
 
 
-def train(flags: argparse.Namespace) -> dict:
-    with session(flags) as trainer:
+def train(settings: Settings) -> dict:
+    with session(settings) as trainer:
         return trainer.train()

@@ -3,11 +3,11 @@ runtime (``runtime.ray_actors``) is, by ``registry.RUNTIMES["ray"].load``."""
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import os
 import socket
 
+from torchbeast.config.settings import Settings
 from torchbeast.runtime.training import TrainingError
 
 REACH_TIMEOUT_S = 5.0
@@ -20,7 +20,7 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def prepare_environment(flags: argparse.Namespace) -> None:
+def prepare_environment(settings: Settings) -> None:
     """Settings Ray reads from the environment when it is imported, so set them first.
 
     Ray replaces 127.0.0.1 with this machine's network address unless told that this is
@@ -28,8 +28,9 @@ def prepare_environment(flags: argparse.Namespace) -> None:
     authentication is asked for when joining a cluster (Ray starts its own clusters with
     it); RAY_AUTH_MODE=disabled in the environment opts out.
     """
-    host = None if flags.ray_address in (None, "auto") else flags.ray_address.rpartition(":")[0]
-    if flags.ray_address is None or (host is not None and is_loopback(host)):
+    address = settings.runtime.ray_address
+    host = None if address in (None, "auto") else address.rpartition(":")[0]
+    if address is None or (host is not None and is_loopback(host)):
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "token")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -37,7 +38,7 @@ def prepare_environment(flags: argparse.Namespace) -> None:
     # abandons while stopping would otherwise print their errors as "unhandled".
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     if host is not None:
-        check_reachable(flags.ray_address)
+        check_reachable(address)
 
 
 def check_reachable(address: str) -> None:

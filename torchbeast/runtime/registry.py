@@ -3,8 +3,8 @@ means adding it here, and touches neither the algorithm nor them.
 
 A runtime is a module with
 
-    session(flags) -> context manager of a Trainer whose ``train()`` runs the actors
-    train(flags) -> dict: ``with session(flags) as trainer: return trainer.train()``
+    session(settings) -> context manager of a Trainer whose ``train()`` runs the actors
+    train(settings) -> dict: ``with session(settings) as trainer: return trainer.train()``
 
 and a ``Trainer`` subclass (``runtime.training``) that starts its pool, publishes
 weights and reports its ``stage_totals`` (CPU seconds outside the learner).
@@ -12,10 +12,13 @@ weights and reports its ``stage_totals`` (CPU seconds outside the learner).
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchbeast.config.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -23,13 +26,13 @@ class Runtime:
     name: str  # what --runtime names it
     title: str  # what people call it
     module: str  # imported on first use: it may need settings made before (Ray)
-    prepare: str | None = None  # "module:function" to call with the flags before import
+    prepare: str | None = None  # "module:function" to call with the settings before import
 
-    def load(self, flags: argparse.Namespace) -> ModuleType:
+    def load(self, settings: Settings) -> ModuleType:
         """The runtime's module, imported once its ``prepare`` step has run."""
         if self.prepare is not None:
             module, _, function = self.prepare.partition(":")
-            getattr(importlib.import_module(module), function)(flags)
+            getattr(importlib.import_module(module), function)(settings)
         return importlib.import_module(self.module)
 
 

@@ -8,7 +8,6 @@ and each update learns from B online + B * ``--replay_ratio`` replayed rollouts.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import logging
 import os
@@ -23,7 +22,7 @@ import torch
 from torch import nn
 
 from torchbeast import envs
-from torchbeast.config.settings import learner_settings, model_settings
+from torchbeast.config.settings import ReplaySettings, Settings
 from torchbeast.core import checkpoint
 from torchbeast.core.errors import UserError
 from torchbeast.core.filewriter import FileWriter
@@ -32,6 +31,7 @@ from torchbeast.core.models import count_parameters, create_model, model_config
 from torchbeast.core.replay import Replay
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime.console import setup_console_logging
 
 log = logging.getLogger("torchbeast")
 progress_log = logging.getLogger("torchbeast.progress")  # the lines --suppress_logs keeps
@@ -68,27 +68,30 @@ class Trainer:
     (how new weights reach whoever picks actions).
     """
 
-    def __init__(self, flags: argparse.Namespace, env_spec: EnvSpec):
-        self.flags = flags
+    def __init__(self, settings: Settings, env_spec: EnvSpec):
+        """``env_spec``: the environment the run trains on, as its env id is resolved
+        (PolyBeast: the learner's checkpoint or the first env stream may name it)."""
+        self.settings = settings
+        self.run = run = settings.run
         self.env_spec = env_spec
-        self.config = model_config(model_settings(flags), self.env_spec.observation_shape)
-        use_cuda = torch.cuda.is_available() and not flags.disable_cuda
+        self.config = model_config(settings.model, self.env_spec.observation_shape)
+        use_cuda = torch.cuda.is_available() and not run.disable_cuda
         self.device = torch.device("cuda" if use_cuda else "cpu")
-        if flags.seed is not None:
-            torch.manual_seed(flags.seed)
+        if settings.env.seed is not None:
+            torch.manual_seed(settings.env.seed)
         model = create_model(
             self.config,
             self.env_spec.observation_shape,
             self.env_spec.num_actions,
-            weight_init=flags.weight_init,
+            weight_init=settings.model.weight_init,
         )
         self.learner = Learner(
-            learner_settings(flags),
+            settings.learner,
             model.to(self.device),
             on_update=self.publish,
             episode_extras=env_spec.episode_extras,
         )
-        self.checkpoint_path = os.path.join(flags.savedir, flags.xpid, "model.tar")
+        self.checkpoint_path = os.path.join(run.run_dir, "model.tar")
         self.stop_requested = threading.Event()
         self.failure: BaseException | None = None
         self.stats_lock = threading.Lock()
@@ -100,9 +103,9 @@ class Trainer:
         self.pool: Pool | None = None
         self.replay: Replay | None = None
         self.batch_order_lock = threading.Lock()
-        if flags.replay_size > 0:
-            check_replay_fits(flags, env_spec)
-            self.replay = Replay(flags.replay_size, flags.learn_start)
+        if settings.replay.replay_size > 0:
+            check_replay_fits(settings.replay, env_spec, settings.learner.unroll_length)
+            self.replay = Replay(settings.replay.replay_size, settings.replay.learn_start)
 
     def create_pool(self) -> Pool:
         """Starts the actors with the learner's current weights."""
@@ -123,9 +126,9 @@ class Trainer:
         if not os.path.exists(self.checkpoint_path):
             return False
         state = checkpoint.load(self.checkpoint_path, map_location=self.device)
-        checkpoint.check_compatible(state, self.flags.env, self.config, self.checkpoint_path)
+        checkpoint.check_compatible(state, self.env_spec.env_id, self.config, self.checkpoint_path)
         checkpoint.check_spec(state, self.env_spec, self.checkpoint_path)
-        checkpoint.check_optimizer(state, self.flags.optimizer, self.checkpoint_path)
+        checkpoint.check_optimizer(state, self.settings.learner.optimizer, self.checkpoint_path)
         try:
             self.learner.load_state_dict(state)
         except (KeyError, RuntimeError, ValueError) as error:  # e.g. another number of actions
@@ -137,13 +140,13 @@ class Trainer:
         return True
 
     def save_checkpoint(self) -> None:
-        if self.flags.disable_checkpoint:
+        if self.run.disable_checkpoint:
             return
         with self.learner.lock:
             state = self.learner.state_dict()
             state.update(
-                flags=vars(self.flags).copy(),
-                env=self.flags.env,
+                flags=self.run.recorded_flags(self.env_spec.env_id),
+                env=self.env_spec.env_id,
                 env_spec=checkpoint.spec_state(self.env_spec),
                 model_config=self.config,
             )
@@ -152,7 +155,7 @@ class Trainer:
 
     def learner_thread(self, pool: Pool, writer: FileWriter) -> None:
         try:
-            while self.learner.step < self.flags.total_steps and not self.stop_requested.is_set():
+            while self.learner.step < self.run.total_steps and not self.stop_requested.is_set():
                 # In the order batches leave the pool, so that the replay sees each env
                 # stream's rollouts in order and stores their shared steps once.
                 with self.batch_order_lock:
@@ -225,7 +228,7 @@ class Trainer:
     def record_returns(self, returns: list[float]) -> None:
         """Notes the returns of episodes that just ended (stats_lock held)."""
         self.recent_returns.extend(returns)
-        if self.flags.episodes_for_avg:
+        if self.run.episodes_for_avg:
             self.returns_since_mean.extend(returns)
 
     def add_replayed(
@@ -234,7 +237,7 @@ class Trainer:
         """Appends B * replay_ratio replayed rollouts after the B online ones."""
         assert self.replay is not None
         num_online = batch["reward"].shape[1]
-        replayed = self.replay.sample(num_online * self.flags.replay_ratio)
+        replayed = self.replay.sample(num_online * self.settings.replay.replay_ratio)
         if replayed is None:  # fewer than --learn_start transitions so far
             return batch, core_state
         replayed_batch, replayed_core_state = replayed
@@ -248,25 +251,27 @@ class Trainer:
         return batch, core_state
 
     def train(self) -> dict:
-        flags = self.flags
+        run = self.run
+        env_id = self.env_spec.env_id
         resumed = self.resume_if_possible()  # before any file of the run is touched
-        writer = FileWriter(flags)
+        setup_console_logging()
+        writer = FileWriter(run.savedir, run.xpid, run.recorded_flags(env_id))
         if resumed:
             log.info("Resuming from %s at step %d.", self.checkpoint_path, self.learner.step)
         log.info(
             "Training %s on %s: %s model, %d parameters, learner on %s.",
-            flags.xpid,
-            flags.env,
+            run.xpid,
+            env_id,
             self.config["kind"],
             count_parameters(self.learner.model),
             self.device,
         )
-        envs.log_training_reward(flags)
-        if self.learner.step >= flags.total_steps:
+        envs.log_training_reward(self.settings.env, self.settings.learner.reward_clipping)
+        if self.learner.step >= run.total_steps:
             log.info(
                 "Already trained to %d steps (--total_steps %d).",
                 self.learner.step,
-                flags.total_steps,
+                run.total_steps,
             )
             writer.close()
             return self.last_stats
@@ -283,7 +288,7 @@ class Trainer:
             pool.start()
             threads = [
                 threading.Thread(target=self.learner_thread, args=(pool, writer), name=f"learn-{i}")
-                for i in range(flags.num_learner_threads)
+                for i in range(run.num_learner_threads)
             ]
             for thread in threads:
                 thread.start()
@@ -301,9 +306,7 @@ class Trainer:
             signal.signal(signal.SIGTERM, previous_handler)
             signal.signal(signal.SIGINT, previous_interrupt)
             successful = (
-                self.learner.step >= flags.total_steps
-                and self.failure is None
-                and pool.error is None
+                self.learner.step >= run.total_steps and self.failure is None and pool.error is None
             )
             if successful:
                 log.info("Learning finished after %d steps.", self.learner.step)
@@ -334,7 +337,7 @@ class Trainer:
                 sps = (step - last_step) / (now - last_time)
                 self.print_progress(step, sps)
                 last_time, last_step = now, step
-            if now - last_checkpoint >= self.flags.checkpoint_interval:
+            if now - last_checkpoint >= self.run.checkpoint_interval:
                 self.save_checkpoint()
                 last_checkpoint = now
 
@@ -348,7 +351,7 @@ class Trainer:
             return
         progress_log.info(
             "%s.%s Entropy %.2f nats.%s",
-            progress_text(step, self.flags.total_steps, sps),
+            progress_text(step, self.run.total_steps, sps),
             mean_return,
             entropy,
             extras_text,
@@ -370,12 +373,12 @@ class Trainer:
         """The progress line's mean-return part (stats_lock held): the last 100 episodes;
         with --episodes_for_avg N, the episodes since the last mean printed, once N of them
         have ended (and nothing until then)."""
-        if not self.flags.episodes_for_avg:
+        if not self.run.episodes_for_avg:
             returns = self.recent_returns
             mean = f"{np.mean(returns):.1f}" if returns else "n/a"
             return f" Mean return (last {len(returns)} episodes) {mean}."
         returns = self.returns_since_mean
-        if len(returns) < self.flags.episodes_for_avg:
+        if len(returns) < self.run.episodes_for_avg:
             return ""
         self.returns_since_mean = []
         return f" Mean return (last {len(returns)} episodes) {np.mean(returns):.1f}."
@@ -399,18 +402,18 @@ def format_duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def check_replay_fits(flags: argparse.Namespace, env_spec: EnvSpec) -> None:
+def check_replay_fits(replay: ReplaySettings, env_spec: EnvSpec, unroll_length: int) -> None:
     """Refuses a replay that could never fit in this machine's memory, before training."""
     per_step = sum(
         torch.Size(shape[1:]).numel() * dtype.itemsize
-        for shape, dtype in rollout_spec(env_spec, flags.unroll_length).values()
+        for shape, dtype in rollout_spec(env_spec, unroll_length).values()
     )
-    needed = flags.replay_size * per_step
+    needed = replay.replay_size * per_step
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if needed > 0.8 * memory:
         affordable = int(0.8 * memory / per_step)
         raise TrainingError(
-            f"--replay_size {flags.replay_size} needs about {needed / 2**30:.1f} GiB "
-            f"({per_step} bytes per transition of {flags.env}) but this machine has "
+            f"--replay_size {replay.replay_size} needs about {needed / 2**30:.1f} GiB "
+            f"({per_step} bytes per transition of {env_spec.env_id}) but this machine has "
             f"{memory / 2**30:.1f} GiB: use --replay_size {affordable} or less"
         )

@@ -21,7 +21,6 @@ rollouts that make the loss non-finite close theirs (see ``Trainer``).
 
 from __future__ import annotations
 
-import argparse
 import collections
 import csv
 import itertools
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from torchbeast.config.settings import Settings
 from torchbeast.core import rollout
 from torchbeast.core.checkpoint import describe_spec
 from torchbeast.core.models import CoreState, create_model
@@ -47,7 +47,6 @@ from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
 from torchbeast.runtime.poly.batching import DynamicBatcher, Failed
-from torchbeast.runtime.poly.env_side import server_addresses
 from torchbeast.runtime.queues import Closed, RolloutQueue
 from torchbeast.runtime.supervision import Supervised
 from torchbeast.runtime.training import TrainingError
@@ -121,14 +120,17 @@ class PolyActorPool(Supervised):
 
     def __init__(
         self,
-        flags: argparse.Namespace,
+        settings: Settings,
         env_processes: list | None = None,
         spec: EnvSpec | None = None,
     ):
         """``env_processes``: the env processes this command started, watched for exits.
         ``spec``: the environment the run trains on, if the learner knows it; otherwise the
         first Hello decides it."""
-        self.flags = flags
+        self.poly = poly = settings.runtime
+        self.num_actors = settings.actors.num_actors
+        self.batch_size = settings.learner.batch_size
+        self.unroll_length = settings.learner.unroll_length
         self.env_processes = env_processes or []
         self.spec = spec
         self.spec_known = threading.Event()
@@ -137,16 +139,14 @@ class PolyActorPool(Supervised):
         self.model_ready = threading.Event()
         super().__init__()
         # Stopping the pool closes the queue: learner threads waiting on it are let go.
-        self.queue: RolloutQueue[Rollout] = RolloutQueue(
-            flags.max_learner_queue_size, self.stopping
-        )
+        self.queue: RolloutQueue[Rollout] = RolloutQueue(poly.max_learner_queue_size, self.stopping)
         self.lock = threading.Lock()
         self.connected: collections.Counter[str] = collections.Counter()  # streams per id
         self.stream_serials = itertools.count()  # a replay source per stream and env
         self.streams: dict[int, _Stream] = {}  # open streams, by serial
         # serial -> client id, also of closed streams whose rollouts may still be queued.
         self.client_ids: collections.OrderedDict[int, str] = collections.OrderedDict()
-        self.memory_budget = flags.stream_memory_mb << 20
+        self.memory_budget = poly.stream_memory_mb << 20
         self.memory_used = 0
         self.last_connected = time.monotonic()
         self.server: grpc.Server | None = None
@@ -163,41 +163,43 @@ class PolyActorPool(Supervised):
 
     def listen(self) -> None:
         """Starts serving (inverted) or dialling (classic); streams wait for the model."""
-        flags = self.flags
+        poly = self.poly
         log.info(
             "Env streams' rollout buffers may take at most %d MiB (--stream_memory_mb)%s.",
-            flags.stream_memory_mb,
+            poly.stream_memory_mb,
             self._stream_size_text(),
         )
         if self.env_processes:
             threading.Thread(target=self._watch_env_processes, daemon=True).start()
         threading.Thread(target=self._watch_streams, name="stream-watchdog", daemon=True).start()
-        if flags.serve:
-            self.server, self.port = network.create_server(flags, flags.serve, flags.max_clients)
+        if poly.serve:
+            self.server, self.port = network.create_server(
+                poly.network, poly.serve, poly.max_clients
+            )
             add_learner_servicer(self.server, LearnerServicer(self))
             self.server.start()
-            log.info("Learner serving env clients on %s.", flags.serve)
+            log.info("Learner serving env clients on %s.", poly.serve)
             log.info(
                 "At most %d env clients at once (--max_clients); a client must send its Hello "
                 "within %.0f s and a Step at least every %.0f s (--stream_timeout_s).",
-                flags.max_clients,
+                poly.max_clients,
                 HELLO_TIMEOUT_S,
-                flags.stream_timeout_s,
+                poly.stream_timeout_s,
             )
         else:
-            addresses = server_addresses(flags)
-            for index in range(flags.num_actors):
+            addresses = poly.network.server_addresses()
+            for index in range(self.num_actors):
                 address = addresses[index % len(addresses)]
                 thread = threading.Thread(
                     target=self._dial, args=(address, index), name=f"dial-{index}", daemon=True
                 )
                 self.threads.append(thread)
                 thread.start()
-            log.info("Dialling %d env streams over %s.", flags.num_actors, ", ".join(addresses))
+            log.info("Dialling %d env streams over %s.", self.num_actors, ", ".join(addresses))
 
     def wait_for_spec(self) -> EnvSpec:
         """Blocks until the first environment says what it is."""
-        where = self.flags.serve or ", ".join(server_addresses(self.flags))
+        where = self.poly.serve or ", ".join(self.poly.network.server_addresses())
         if not self.spec_known.wait(2.0):
             log.info("Waiting for the first environment to connect (%s).", where)
         while not self.spec_known.wait(0.2):
@@ -218,9 +220,9 @@ class PolyActorPool(Supervised):
         self.episodes = EpisodeLog(os.path.join(run_dir, "episodes.csv"))
         self.batcher = DynamicBatcher(
             self._infer,
-            max_batch_size=self.flags.max_inference_batch_size,
-            timeout_s=self.flags.inference_timeout_ms / 1000,
-            num_threads=self.flags.num_inference_threads,
+            max_batch_size=self.poly.max_inference_batch_size,
+            timeout_s=self.poly.inference_timeout_ms / 1000,
+            num_threads=self.poly.num_inference_threads,
         )
         self.model_ready.set()
         self.monitor = threading.Thread(target=self._watch_connections, daemon=True)
@@ -261,7 +263,7 @@ class PolyActorPool(Supervised):
     ) -> tuple[dict[str, torch.Tensor], CoreState, list[tuple[int, int]]] | None:
         """B rollouts stacked to [T+1, B, ...] (with "mask"), their initial core states
         and the (stream, env) each came from."""
-        items = self.queue.get_batch(self.flags.batch_size)
+        items = self.queue.get_batch(self.batch_size)
         if items is None:
             return None
         batch = {key: torch.stack([item[0][key] for item in items], dim=1) for key in items[0][0]}
@@ -402,7 +404,7 @@ class PolyActorPool(Supervised):
         Only waits for the peer count: not the learner's own (inference, a full queue)."""
         # Classic mode: the learner dials, and waiting for a server that is not up (yet) is
         # how it is meant to work; the timeouts start once the server said Hello.
-        timeout = HELLO_TIMEOUT_S if self.flags.serve else None
+        timeout = HELLO_TIMEOUT_S if self.poly.serve else None
         waiting_for = f"sent no Hello within {HELLO_TIMEOUT_S:.0f} s"
         while True:
             if timeout is not None:
@@ -421,7 +423,7 @@ class PolyActorPool(Supervised):
             if message is None:
                 return
             yield message
-            timeout = self.flags.stream_timeout_s
+            timeout = self.poly.stream_timeout_s
             waiting_for = f"sent no Step for {timeout:.0f} s (--stream_timeout_s)"
 
     def close_streams(self, serials: set[int], reason: str) -> list[str]:
@@ -481,7 +483,7 @@ class PolyActorPool(Supervised):
     def _stream_size_text(self) -> str:
         if self.spec is None:
             return ""
-        per_env = rollout_bytes(self.spec, self.flags.unroll_length)
+        per_env = rollout_bytes(self.spec, self.unroll_length)
         return f"; each env of a stream takes {per_env / 2**20:.2f} MiB"
 
     def _act(
@@ -494,7 +496,7 @@ class PolyActorPool(Supervised):
             return
         # Memory is spent only on a stream that sends Steps (a bare Hello costs nothing).
         first_fields, first_observation = codec.read_step(first, spec, num_envs, size_limit)
-        buffer_size = num_envs * rollout_bytes(spec, self.flags.unroll_length)
+        buffer_size = num_envs * rollout_bytes(spec, self.unroll_length)
         self._reserve(client_id, buffer_size)
         try:
             yield from self._act_on_steps(
@@ -511,7 +513,7 @@ class PolyActorPool(Supervised):
         num_envs: int,
         first_step: tuple[dict[str, np.ndarray], np.ndarray],
     ) -> Iterator[pb.Action]:
-        T = self.flags.unroll_length
+        T = self.unroll_length
         client_id, stream = stream_info.client_id, stream_info.serial
         size_limit = codec.max_step_bytes(spec, num_envs)
         # [T+1, E, ...]: the stream's E envs side by side, as the model wants them.
@@ -600,8 +602,8 @@ class PolyActorPool(Supervised):
     def _dial(self, address: str, index: int) -> None:
         """Classic mode: keeps one stream open to an env server, redialling with backoff."""
         backoff = 0.1
-        metadata = network.call_metadata(self.flags)
-        channel = network.create_channel(self.flags, address)
+        metadata = network.call_metadata(self.poly.network)
+        channel = network.create_channel(self.poly.network, address)
         with self.lock:
             self.channels.append(channel)
         stream_env = channel.stream_stream(
@@ -666,7 +668,7 @@ class PolyActorPool(Supervised):
                 empty = not self.connected
                 since = time.monotonic() - self.last_connected
             if empty and since > NO_ENVS_NOTICE_S and not said:
-                where = self.flags.serve or ", ".join(server_addresses(self.flags))
+                where = self.poly.serve or ", ".join(self.poly.network.server_addresses())
                 log.warning("No environments connected; waiting for them (%s).", where)
                 said = True
             elif not empty:

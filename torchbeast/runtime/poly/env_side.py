@@ -10,7 +10,6 @@ This side never imports torch: env machines need only the environments and gRPC.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import logging
 import multiprocessing as mp
@@ -26,6 +25,7 @@ import grpc
 import numpy as np
 
 from torchbeast import envs
+from torchbeast.config.poly import PolyEnvSettings
 from torchbeast.envs import riverraid
 from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
@@ -47,7 +47,7 @@ FATAL_CODES = (
 
 
 def env_session(
-    flags: argparse.Namespace,
+    settings: PolyEnvSettings,
     client_id: str,
     actions: Iterator[pb.Action],
     seed: int | None = None,
@@ -55,10 +55,10 @@ def env_session(
 ) -> Iterator[pb.EnvMessage]:
     """Hello, the first frame, then one Step per Action; stops after ``max_steps`` if set.
 
-    The stream carries ``flags.envs_per_stream`` envs, stepped together.
+    The stream carries ``settings.envs_per_stream`` envs, stepped together.
     """
-    num_envs = flags.envs_per_stream
-    env = envs.create_env(flags, num_envs=num_envs, num_threads=1)
+    num_envs = settings.envs_per_stream
+    env = envs.create_env(settings.env, num_envs=num_envs, num_threads=1)
     try:
         num_actions, extras = env.spec.num_actions, env.spec.episode_extras
         yield codec.hello(client_id, env.spec, num_envs)
@@ -83,32 +83,33 @@ def env_session(
 class EnvServicer(pb_grpc.EnvServerServicer):
     """Serves a fresh environment on every stream the learner opens."""
 
-    def __init__(self, flags: argparse.Namespace, address: str, server_index: int):
-        self.flags = flags
+    def __init__(self, settings: PolyEnvSettings, address: str, server_index: int):
+        self.settings = settings
         self.address = address
         self.server_index = server_index
-        self.num_servers = len(server_addresses(flags))
+        self.num_servers = len(settings.network.server_addresses())
         self.counter = itertools.count()
 
     def StreamEnv(self, request_iterator, context):  # noqa: N802 (gRPC's name)
         stream_index = next(self.counter)
         worker = stream_index * self.num_servers + self.server_index
-        seed = envs.worker_seed(self.flags.seed, worker, self.flags.envs_per_stream)
+        seed = envs.worker_seed(self.settings.env.seed, worker, self.settings.envs_per_stream)
         client_id = f"{socket.gethostname()}:{self.address}#{stream_index}"
         try:
-            yield from env_session(self.flags, client_id, request_iterator, seed)
+            yield from env_session(self.settings, client_id, request_iterator, seed)
         except codec.ProtocolError as error:
             log.warning("Closing stream %s from %s: %s", client_id, context.peer(), error)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
 
 
-def serve(flags: argparse.Namespace, address: str, server_index: int, ready=None) -> None:
+def serve(settings: PolyEnvSettings, address: str, server_index: int, ready=None) -> None:
     """Runs one env server on ``address`` until SIGINT or SIGTERM."""
     stop = _stop_on_signals()
-    server, _ = network.create_server(flags, address, flags.max_streams)
-    pb_grpc.add_EnvServerServicer_to_server(EnvServicer(flags, address, server_index), server)
+    server, _ = network.create_server(settings.network, address, settings.max_streams)
+    servicer = EnvServicer(settings, address, server_index)
+    pb_grpc.add_EnvServerServicer_to_server(servicer, server)
     server.start()
-    log.info("Env server %d serving %s on %s.", server_index, flags.env, address)
+    log.info("Env server %d serving %s on %s.", server_index, settings.env.env, address)
     if ready is not None:
         ready.set()
     stop.wait()
@@ -123,7 +124,7 @@ class ClientRefused(RuntimeError):
 
 
 def connect_once(
-    flags: argparse.Namespace,
+    settings: PolyEnvSettings,
     stub: pb_grpc.LearnerStub,
     client_id: str,
     seed: int | None,
@@ -131,9 +132,11 @@ def connect_once(
 ) -> None:
     """One stream to the learner, until either side ends it or ``stop`` is set."""
     outgoing: queue.Queue[pb.EnvMessage | None] = queue.Queue()
-    responses = stub.ConnectEnv(iter(outgoing.get, None), metadata=network.call_metadata(flags))
+    responses = stub.ConnectEnv(
+        iter(outgoing.get, None), metadata=network.call_metadata(settings.network)
+    )
     try:
-        for message in env_session(flags, client_id, responses, seed, flags.client_steps):
+        for message in env_session(settings, client_id, responses, seed, settings.client_steps):
             outgoing.put(message)
             if stop.is_set():
                 break  # the half-close below lets the learner learn from what it got
@@ -147,7 +150,7 @@ def connect_once(
 
 
 def run_client(
-    flags: argparse.Namespace,
+    settings: PolyEnvSettings,
     process_index: int,
     client_index: int,
     stop: threading.Event,
@@ -157,20 +160,20 @@ def run_client(
 
     Its envs' seeds follow from ``--seed`` and its place among the ``--num_servers``
     processes of ``--clients_per_process`` clients, so a seeded run can be reproduced."""
-    channel = network.create_channel(flags, flags.connect)
+    channel = network.create_channel(settings.network, settings.connect)
     stub = pb_grpc.LearnerStub(channel)
     backoff = 0.1
     for session in itertools.count():
         if stop.is_set():
             break
         client_id = f"{socket.gethostname()}:{os.getpid()}:{client_index}#{session}"
-        client = process_index * flags.clients_per_process + client_index
-        worker = session * flags.num_servers * flags.clients_per_process + client
-        seed = envs.worker_seed(flags.seed, worker, flags.envs_per_stream)
+        client = process_index * settings.clients_per_process + client_index
+        worker = session * settings.network.num_servers * settings.clients_per_process + client
+        seed = envs.worker_seed(settings.env.seed, worker, settings.envs_per_stream)
         try:
-            connect_once(flags, stub, client_id, seed, stop)
+            connect_once(settings, stub, client_id, seed, stop)
             backoff = 0.1
-            if flags.client_steps:
+            if settings.client_steps:
                 break  # a short-lived client: its one session is over
         except Exception as error:  # e.g. the environment failed: one line, and stop
             if not isinstance(error, grpc.RpcError):
@@ -180,29 +183,29 @@ def run_client(
                 break
             if error.code() in FATAL_CODES:
                 failures.append(
-                    f"the learner at {flags.connect} refused {client_id}: "
+                    f"the learner at {settings.connect} refused {client_id}: "
                     f"{error.code().name}: {error.details()}"
                 )
                 stop.set()
                 break
             if backoff == 0.1:
                 log.info(
-                    "Learner at %s unavailable (%s); retrying.", flags.connect, error.code().name
+                    "Learner at %s unavailable (%s); retrying.", settings.connect, error.code().name
                 )
             stop.wait(backoff)
             backoff = min(2 * backoff, MAX_BACKOFF_S)
     channel.close()
 
 
-def run_clients(flags: argparse.Namespace, process_index: int = 0) -> int:
+def run_clients(settings: PolyEnvSettings, process_index: int = 0) -> int:
     """``clients_per_process`` env clients in this process, each on its own thread."""
     stop = _stop_on_signals()
     failures: list[str] = []
     threads = [
         threading.Thread(
-            target=run_client, args=(flags, process_index, i, stop, failures), daemon=True
+            target=run_client, args=(settings, process_index, i, stop, failures), daemon=True
         )
-        for i in range(flags.clients_per_process)
+        for i in range(settings.clients_per_process)
     ]
     for thread in threads:
         thread.start()
@@ -225,36 +228,36 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def server_addresses(flags: argparse.Namespace) -> list[str]:
-    """--env_servers, or PIPES_BASENAME.i for each of --num_servers."""
-    if flags.env_servers:
-        return [address.strip() for address in flags.env_servers.split(",") if address.strip()]
-    return [f"{flags.pipes_basename}.{i}" for i in range(flags.num_servers)]
-
-
-def process_main(flags: argparse.Namespace, index: int) -> None:
+def process_main(settings: PolyEnvSettings, index: int) -> None:
     """One env process: started by :func:`start_processes`, through ``guarded_main``."""
     logging.basicConfig(
         format="[%(levelname)s:%(process)d %(asctime)s] %(message)s", level=logging.INFO
     )
     try:
-        if flags.connect:
-            sys.exit(run_clients(flags, index))
-        serve(flags, server_addresses(flags)[index], index)
+        if settings.connect:
+            sys.exit(run_clients(settings, index))
+        serve(settings, settings.network.server_addresses()[index], index)
     except network.NetworkError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
 
 
-def start_processes(flags: argparse.Namespace) -> list[mp.process.BaseProcess]:
+def start_processes(settings: PolyEnvSettings) -> list[mp.process.BaseProcess]:
     """Starts ``num_servers`` env server (or, with ``--connect``, env client) processes."""
-    envs.env_spec(flags)  # a bad --env is one error line here, not one per process
+    envs.env_spec(settings.env)  # a bad --env is one error line here, not one per process
     context = mp.get_context("spawn")
-    count = flags.num_servers if flags.connect else len(server_addresses(flags))
+    count = (
+        settings.network.num_servers
+        if settings.connect
+        else len(settings.network.server_addresses())
+    )
     entry = f"{__name__}:process_main"  # imported by the child once it dies with this one
     processes = [
         context.Process(
-            target=guarded_main, args=(os.getpid(), entry, flags, i), name=f"env-{i}", daemon=True
+            target=guarded_main,
+            args=(os.getpid(), entry, settings, i),
+            name=f"env-{i}",
+            daemon=True,
         )
         for i in range(count)
     ]
@@ -271,10 +274,10 @@ def stop_processes(processes: list[mp.process.BaseProcess], timeout_s: float = 5
     join_or_kill(processes, timeout_s)
 
 
-def run_processes(flags: argparse.Namespace) -> int:
+def run_processes(settings: PolyEnvSettings) -> int:
     """polybeast_env: runs the processes until a signal, or until one of them fails."""
-    processes = start_processes(flags)
-    proxy = riverraid.proxy_from_flags(flags)
+    processes = start_processes(settings)
+    proxy = riverraid.proxy_from_flags(settings.env)
     if proxy is not None:
         logging.basicConfig(format="[%(levelname)s:%(process)d %(asctime)s] %(message)s")
         log.warning(

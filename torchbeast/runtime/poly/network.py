@@ -16,6 +16,7 @@ from concurrent import futures
 import grpc
 
 from torchbeast.config.flags import positive_int
+from torchbeast.config.poly import NetworkSettings
 from torchbeast.core.errors import UserError
 
 log = logging.getLogger("torchbeast")
@@ -79,12 +80,12 @@ def add_network_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def auth_token(flags: argparse.Namespace) -> str | None:
-    return flags.auth_token or os.environ.get(TOKEN_ENV_VAR) or None
+def auth_token(settings: NetworkSettings) -> str | None:
+    return settings.auth_token or os.environ.get(TOKEN_ENV_VAR) or None
 
 
-def call_metadata(flags: argparse.Namespace) -> tuple[tuple[str, str], ...]:
-    token = auth_token(flags)
+def call_metadata(settings: NetworkSettings) -> tuple[tuple[str, str], ...]:
+    token = auth_token(settings)
     return ((TOKEN_METADATA_KEY, token),) if token else ()
 
 
@@ -122,14 +123,14 @@ class TokenInterceptor(grpc.ServerInterceptor):
 
 
 def create_server(
-    flags: argparse.Namespace, address: str, max_streams: int
+    settings: NetworkSettings, address: str, max_streams: int
 ) -> tuple[grpc.Server, int]:
     """A gRPC server listening on ``address`` with this side's TLS and token; and its port.
 
     Every stream holds a worker thread for its lifetime, so ``max_streams`` bounds both the
     threads and the concurrent streams; more are refused with RESOURCE_EXHAUSTED.
     """
-    token = auth_token(flags)
+    token = auth_token(settings)
     if not is_local_address(address) and not token:
         raise NetworkError(
             f"{address} listens beyond this machine without a token: set --auth_token "
@@ -147,14 +148,14 @@ def create_server(
         ],
         maximum_concurrent_rpcs=max_streams,
     )
-    if bool(flags.tls_cert) != bool(flags.tls_key):
+    if bool(settings.tls_cert) != bool(settings.tls_key):
         raise NetworkError("TLS needs both --tls_cert and --tls_key")
     try:
-        if flags.tls_cert:
+        if settings.tls_cert:
             credentials = grpc.ssl_server_credentials(
-                [(_read(flags.tls_key, "--tls_key"), _read(flags.tls_cert, "--tls_cert"))],
-                root_certificates=_read(flags.tls_ca, "--tls_ca") if flags.tls_ca else None,
-                require_client_auth=bool(flags.tls_ca),
+                [(_read(settings.tls_key, "--tls_key"), _read(settings.tls_cert, "--tls_cert"))],
+                root_certificates=_read(settings.tls_ca, "--tls_ca") if settings.tls_ca else None,
+                require_client_auth=bool(settings.tls_ca),
             )
             port = server.add_secure_port(address, credentials)
         else:
@@ -166,7 +167,7 @@ def create_server(
     return server, port
 
 
-def create_channel(flags: argparse.Namespace, address: str) -> grpc.Channel:
+def create_channel(settings: NetworkSettings, address: str) -> grpc.Channel:
     """A channel to ``address``: TLS when --tls_ca is set (client certificate if given)."""
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -174,13 +175,13 @@ def create_channel(flags: argparse.Namespace, address: str) -> grpc.Channel:
         *KEEPALIVE_OPTIONS,
         *RECONNECT_OPTIONS,
     ]
-    if not flags.tls_ca:
-        if not is_local_address(address) and not auth_token(flags):
+    if not settings.tls_ca:
+        if not is_local_address(address) and not auth_token(settings):
             log.warning("Dialling %s without TLS or a token: traffic is in the clear.", address)
         return grpc.insecure_channel(address, options=options)
     credentials = grpc.ssl_channel_credentials(
-        root_certificates=_read(flags.tls_ca, "--tls_ca"),
-        private_key=_read(flags.tls_key, "--tls_key") if flags.tls_key else None,
-        certificate_chain=_read(flags.tls_cert, "--tls_cert") if flags.tls_cert else None,
+        root_certificates=_read(settings.tls_ca, "--tls_ca"),
+        private_key=_read(settings.tls_key, "--tls_key") if settings.tls_key else None,
+        certificate_chain=_read(settings.tls_cert, "--tls_cert") if settings.tls_cert else None,
     )
     return grpc.secure_channel(address, credentials, options=options)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
-import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -22,10 +22,11 @@ from torchbeast.config.flags import (
     positive_float,
     positive_int,
 )
+from torchbeast.config.poly import env_side_of, resolve_learner_flags
+from torchbeast.config.settings import RunSettings, Settings
 from torchbeast.core import checkpoint
-from torchbeast.core.filewriter import setup_console_logging
 from torchbeast.core.spec import EnvSpec
-from torchbeast.envs.riverraid import PROXY_FLAGS
+from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.poly import env_side, network
 from torchbeast.runtime.poly.actor_pool import PolyActorPool
 from torchbeast.runtime.poly.env_flags import make_env_parser
@@ -99,43 +100,16 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
 def make_learner_parser(description: str) -> argparse.ArgumentParser:
     parser = make_parser(description, shared_memory_buffers=False)
     add_learner_flags(parser)
+    parser.resolvers.append(resolve_learner_flags)
     return parser
 
 
-def finish_learner_flags(flags: argparse.Namespace) -> None:
-    if flags.max_learner_queue_size is None:
-        flags.max_learner_queue_size = flags.batch_size
-    if flags.stream_memory_mb is None:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        flags.stream_memory_mb = memory // 4 >> 20
-
-
-def env_flags(flags: argparse.Namespace) -> argparse.Namespace:
-    """polybeast_env's flags for the learner's run: same env, addresses, TLS and token."""
-    args = ["--env", flags.env, "--pipes_basename", flags.pipes_basename]
-    args += ["--num_servers", str(flags.num_servers)]
-    args += ["--envs_per_stream", str(flags.envs_per_actor)]
-    if flags.seed is not None:
-        args += ["--seed", str(flags.seed)]
-    if flags.no_fire_on_life_loss:
-        args.append("--no_fire_on_life_loss")
-    if flags.serve:
-        per_server = math.ceil(flags.num_actors / flags.num_servers)
-        args += ["--connect", flags.serve, "--clients_per_process", str(per_server)]
-    for name in ("auth_token", "tls_cert", "tls_key", "tls_ca", *PROXY_FLAGS):
-        if getattr(flags, name) is not None:
-            args.append(f"--{name}={getattr(flags, name)}")  # "=": values may start with "-"
-    parsed = make_env_parser().parse_args(args)
-    parsed.env_servers = flags.env_servers
-    return parsed
-
-
 class PolyTrainer(Trainer):
-    """Training on rollouts that env streams deliver to ``pool``."""
+    """Training on rollouts that env streams deliver to ``pool``; the run's env id is the
+    one the environments said (or the learner's checkpoint), recorded in checkpoints."""
 
-    def __init__(self, flags: argparse.Namespace, pool: PolyActorPool):
-        super().__init__(flags, pool.spec or pool.wait_for_spec())
-        self.flags.env = self.env_spec.env_id  # as the environments said, for checkpoints
+    def __init__(self, settings: Settings, pool: PolyActorPool):
+        super().__init__(settings, pool.spec or pool.wait_for_spec())
         self.poly_pool = pool
 
     def stage_totals(self) -> np.ndarray:
@@ -144,76 +118,76 @@ class PolyTrainer(Trainer):
         return np.array([process_cpu_seconds(pids), 0.0, 0.0])
 
     def create_pool(self) -> PolyActorPool:
-        run_dir = os.path.join(self.flags.savedir, self.flags.xpid)
-        self.poly_pool.attach(self.learner.model, self.config, run_dir)
+        self.poly_pool.attach(self.learner.model, self.config, self.run.run_dir)
         return self.poly_pool
 
     def publish(self, model: nn.Module) -> None:
         self.poly_pool.publish(model)
 
 
-def limit_intra_op_threads(flags: argparse.Namespace) -> None:
+def limit_intra_op_threads(settings: Settings) -> None:
     """Learner and inference threads run ops at the same time; each op's own thread pool
     must not oversubscribe the cores (on 2 cores, 2 threads per op cost 25% of the SPS)."""
     cores = len(os.sched_getaffinity(0))
-    threads = max(1, cores // (flags.num_learner_threads + flags.num_inference_threads))
+    threads_per_op = settings.run.num_learner_threads + settings.runtime.num_inference_threads
+    threads = max(1, cores // threads_per_op)
     torch.set_num_threads(threads)
     log.info("PyTorch uses %d thread(s) per op on the learner's CPU.", threads)
 
 
-def learner_spec(flags: argparse.Namespace) -> EnvSpec | None:
+def learner_spec(settings: Settings) -> EnvSpec | None:
     """The environment the run trains on, derived by the learner itself from ``--env`` or
     from the checkpoint it resumes: env streams that present another are refused. None when
     the learner was told nothing: then the first env stream decides."""
-    if flags.env:
-        return envs.env_spec(flags)  # an unknown --env is one error line, at start-up
-    path = os.path.join(flags.savedir, flags.xpid, "model.tar")
+    if settings.env.env:
+        return envs.env_spec(settings.env)  # an unknown --env is one error line, at start-up
+    path = os.path.join(settings.run.run_dir, "model.tar")
     if not os.path.exists(path):
         return None
     state = checkpoint.load(path)
     if "env" not in state:
         raise checkpoint.CheckpointError(f"{path} is not a torchbeast checkpoint (no env)")
-    flags.env = state["env"]
-    log.info("Resuming %s: the environment is %s, as in its checkpoint.", flags.xpid, flags.env)
+    env = dataclasses.replace(settings.env, env=state["env"])
+    log.info(
+        "Resuming %s: the environment is %s, as in its checkpoint.", settings.run.xpid, env.env
+    )
     if not checkpoint.saves_episode_extras(state):  # an older checkpoint: the flags tell them
-        return envs.env_spec(flags)
+        return envs.env_spec(env)
     return checkpoint.saved_spec(state)
 
 
-def check_run_dir(flags: argparse.Namespace) -> None:
+def check_run_dir(run: RunSettings) -> None:
     """An unwritable --savedir is an error now, not once the first client connects."""
-    run_dir = os.path.join(flags.savedir, flags.xpid)
-    os.makedirs(run_dir, exist_ok=True)
-    with tempfile.TemporaryFile(dir=run_dir):
+    os.makedirs(run.run_dir, exist_ok=True)
+    with tempfile.TemporaryFile(dir=run.run_dir):
         pass
 
 
 @contextlib.contextmanager
-def session(flags: argparse.Namespace, start_envs: bool = True) -> Iterator[PolyTrainer]:
+def session(settings: Settings, start_envs: bool = True) -> Iterator[PolyTrainer]:
     """A trainer whose pool listens (or dials) and knows the run's environment; with
     ``start_envs`` this command also starts the env processes (servers, or with --serve
     clients), and stops them at the end; ``polybeast_learner`` starts none."""
-    processes = env_side.start_processes(env_flags(flags)) if start_envs else []
+    processes = env_side.start_processes(env_side_of(settings)) if start_envs else []
     try:
-        setup_console_logging(flags.suppress_logs)
-        finish_learner_flags(flags)
-        check_run_dir(flags)
-        spec = learner_spec(flags)
-        limit_intra_op_threads(flags)
-        pool = PolyActorPool(flags, processes, spec)
+        setup_console_logging(settings.run.suppress_logs)
+        check_run_dir(settings.run)
+        spec = learner_spec(settings)
+        limit_intra_op_threads(settings)
+        pool = PolyActorPool(settings, processes, spec)
         try:
             pool.listen()
-            yield PolyTrainer(flags, pool)
+            yield PolyTrainer(settings, pool)
         finally:
             pool.stop()
     finally:
         env_side.stop_processes(processes)
 
 
-def train(flags: argparse.Namespace, start_envs: bool = True) -> dict:
+def train(settings: Settings, start_envs: bool = True) -> dict:
     """Starts the network side, waits for the first environment, then trains; if every
     env process this command started exits, it stops."""
-    with session(flags, start_envs) as trainer:
+    with session(settings, start_envs) as trainer:
         return trainer.train()
 
 

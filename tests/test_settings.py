@@ -1,0 +1,90 @@
+"""Specification of the typed settings: built once from the parsed flags, frozen, what
+every part of a run receives (core/ never an argparse namespace), and what PolyBeast's env
+processes receive instead of a command line."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import pickle
+from pathlib import Path
+
+import pytest
+
+from torchbeast.config.flags import parse_flags
+from torchbeast.config.poly import env_side_of, poly_env_settings
+from torchbeast.config.settings import build_settings
+from torchbeast.core import checkpoint
+from torchbeast.runtime.poly.env_flags import make_env_parser
+from torchbeast.runtime.poly.trainer import learner_spec, make_learner_parser
+
+CORE = Path(__file__).resolve().parent.parent / "torchbeast" / "core"
+
+
+def poly_settings(*argv: str):
+    return build_settings(parse_flags(["--xpid", "x", *argv], make_learner_parser("")), "poly")
+
+
+def test_learner_settings_are_the_flags_of_the_same_names_and_frozen():
+    settings = build_settings(parse_flags(["--entropy_cost", "0.02", "--optimizer", "adam"]))
+    learner = settings.learner
+    assert (learner.entropy_cost, learner.optimizer, learner.unroll_length) == (0.02, "adam", 5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        learner.entropy_cost = 0.5  # nothing edits settings once they are built
+
+
+def test_each_runtime_gets_its_own_settings_with_defaults_resolved_at_parse_time():
+    argv = ["--xpid", "x", "--num_actors", "2", "--envs_per_actor", "4", "--batch_size", "8"]
+    mono = build_settings(parse_flags(argv), "mono")
+    assert mono.runtime.num_buffers == 16  # 2 * actors * envs
+    poly = poly_settings(*argv[2:])
+    assert poly.runtime.max_learner_queue_size == 8  # --batch_size
+    assert poly.runtime.stream_memory_mb > 0
+    assert (poly.actors.num_actors, poly.actors.envs_per_actor) == (2, 4)
+
+
+def test_the_run_records_every_flag_with_the_env_id_it_resolved():
+    settings = poly_settings("--use_lstm")  # polybeast_learner: no --env
+    recorded = settings.run.recorded_flags("CartPole-v1")
+    assert recorded["env"] == "CartPole-v1" and recorded["use_lstm"] is True
+    assert recorded.keys() == vars(parse_flags(["--xpid", "x"], make_learner_parser(""))).keys()
+    assert settings.env.env is None
+
+
+def test_settings_pickle_as_they_go_to_actor_processes():
+    settings = build_settings(parse_flags(["--xpid", "x", "--seed", "3"]), "mono")
+    assert pickle.loads(pickle.dumps(settings)) == settings
+
+
+def test_polybeast_env_processes_get_what_polybeast_env_parses_from_the_same_command():
+    learner = poly_settings("--env", "CartPole-v1", "--seed", "4", "--envs_per_actor", "3")
+    env_side = env_side_of(learner)
+    parsed = poly_env_settings(
+        make_env_parser().parse_args(
+            ["--env", "CartPole-v1", "--seed", "4", "--envs_per_stream", "3"]
+        )
+    )
+    assert env_side == parsed
+    assert pickle.loads(pickle.dumps(env_side)) == env_side
+
+
+def test_inverted_polybeast_starts_clients_enough_for_its_streams():
+    env_side = env_side_of(poly_settings("--serve", "unix:/tmp/l", "--num_actors", "6"))
+    assert (env_side.connect, env_side.clients_per_process) == ("unix:/tmp/l", 2)  # 4 servers
+
+
+def test_a_resumed_learners_env_comes_from_its_checkpoint_and_leaves_settings_as_built(tmp_path):
+    settings = poly_settings("--savedir", str(tmp_path))
+    (tmp_path / "x").mkdir()
+    checkpoint.save(str(tmp_path / "x" / "model.tar"), {"env": "CartPole-v1"})
+    assert learner_spec(settings).env_id == "CartPole-v1"
+    assert settings.env.env is None
+
+
+def test_core_never_sees_argparse():
+    for path in CORE.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imports = [node for node in ast.walk(tree) if isinstance(node, ast.Import)]
+        modules = {alias.name for node in imports for alias in node.names}
+        modules |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert "argparse" not in modules, path.name
