@@ -7,6 +7,7 @@ episodes. A pipeline that lines actions up with the wrong frames stays near 0.25
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -91,9 +92,15 @@ def run(module: str, tmp_path, *args: str, timeout: float = 300) -> str:
 
 
 def test_monobeast_learns_pixel_cue_through_the_learning_check_command(tmp_path, capsys):
-    assert learncheck.main(["pixelcue", "--savedir", str(tmp_path)]) == 0
+    # Any other flag goes to the run: here one whose effect shows in the logs.
+    assert learncheck.main(["pixelcue", "--savedir", str(tmp_path), "--normalize_values"]) == 0
     assert "pixelcue: " in capsys.readouterr().out
-    check_learned(os.path.join(tmp_path, "learncheck-pixelcue"))
+    run_dir = os.path.join(tmp_path, "learncheck-pixelcue")
+    check_learned(run_dir)
+    with open(os.path.join(run_dir, "meta.json")) as f:
+        assert json.load(f)["flags"]["normalize_values"] is True
+    # PixelCue's returns are at most 1: the baseline's scale stays at its floor.
+    assert (read_logs(run_dir)["value_scale"] == 1.0).all()
 
 
 def test_learning_check_takes_the_mean_of_the_last_100_episodes():

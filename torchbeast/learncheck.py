@@ -43,7 +43,7 @@ class Check:
     # Stop the run at ``steps`` (True) or train with --total_steps ``steps`` (False).
     stop_early: bool = True
 
-    def command(self, savedir: str, xpid: str) -> list[str]:
+    def command(self, savedir: str, xpid: str, extra_flags: tuple[str, ...] = ()) -> list[str]:
         return [
             sys.executable,
             "-m",
@@ -58,6 +58,7 @@ class Check:
             "--xpid",
             xpid,
             *self.flags,
+            *extra_flags,
         ]
 
 
@@ -129,14 +130,19 @@ def last_logged_step(logs_path: str) -> int:
     return 0
 
 
-def train(check: Check, savedir: str, xpid: str) -> tuple[int, str]:
+def train(
+    check: Check, savedir: str, xpid: str, extra_flags: tuple[str, ...] = ()
+) -> tuple[int, str]:
     """Runs the check's training, stopping it (SIGTERM: a checkpoint, then exit 0) once it
     has learned from ``check.steps`` steps if ``check.stop_early``; returns the exit code
     and the last line the run wrote on stderr."""
     logs_path = os.path.join(savedir, xpid, "logs.csv")
     with tempfile.TemporaryFile("w+") as stderr:
         process = subprocess.Popen(
-            check.command(savedir, xpid), stdout=subprocess.DEVNULL, stderr=stderr, text=True
+            check.command(savedir, xpid, extra_flags),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
         )
         try:
             while process.poll() is None:
@@ -153,13 +159,15 @@ def train(check: Check, savedir: str, xpid: str) -> tuple[int, str]:
     return returncode, (lines or ["no message"])[-1]
 
 
-def run_check(name: str, check: Check, savedir: str) -> tuple[bool, str]:
+def run_check(
+    name: str, check: Check, savedir: str, extra_flags: tuple[str, ...] = ()
+) -> tuple[bool, str]:
     """Trains the check's run and returns (passed, a line that says how it did)."""
     xpid = f"learncheck-{name}"
     # A run left from before would be resumed ("already trained") instead of checked.
     shutil.rmtree(os.path.join(savedir, xpid), ignore_errors=True)
     started = time.monotonic()
-    returncode, last_line = train(check, savedir, xpid)
+    returncode, last_line = train(check, savedir, xpid, extra_flags)
     minutes = (time.monotonic() - started) / 60
     if returncode != 0:
         return False, f"{name}: the run failed ({last_line})"
@@ -175,7 +183,9 @@ def run_check(name: str, check: Check, savedir: str) -> tuple[bool, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m torchbeast.learncheck",
-        description="Short training runs whose final mean return must reach a known band.",
+        description="Short training runs whose final mean return must reach a known band. "
+        "Any other flag is passed to every run, e.g. --normalize_values: a change checked "
+        "against the bands.",
     )
     parser.add_argument(
         "checks",
@@ -186,14 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--savedir", default="~/logs/torchbeast", help="where the runs are kept (%(default)s)"
     )
-    args = parser.parse_args(argv)
+    args, extra_flags = parser.parse_known_args(argv)
     unknown = [name for name in args.checks if name not in CHECKS]
     if unknown:
         parser.error(f"unknown check {unknown[0]!r}: choose from {', '.join(CHECKS)}")
     savedir = os.path.expanduser(args.savedir)
     failures = 0
     for name in args.checks or DEFAULT_CHECKS:
-        passed, line = run_check(name, CHECKS[name], savedir)
+        passed, line = run_check(name, CHECKS[name], savedir, tuple(extra_flags))
         print(line, flush=True)
         failures += not passed
     return 1 if failures else 0
