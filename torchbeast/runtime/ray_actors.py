@@ -37,7 +37,7 @@ from torchbeast.core import rollout
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.acting import Unroller, actor_seed
 from torchbeast.runtime.console import setup_console_logging
-from torchbeast.runtime.queues import Closed, RolloutQueue
+from torchbeast.runtime.queues import Batch, Closed, RolloutQueue, stack_rollouts
 from torchbeast.runtime.supervision import RestartBudget, Supervised, last_line, signals_blocked
 from torchbeast.runtime.training import Trainer, TrainingError
 
@@ -280,23 +280,11 @@ class RayActorPool(Supervised):
 
     # The learner's side.
 
-    def get_batch(
-        self,
-    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...], list[tuple[int, int]]] | None:
+    def get_batch(self) -> Batch | None:
         """B columns stacked to [T+1, B, ...], their core states [layers, B, H], sources."""
         items = self.queue.get_batch(self.batch_size)
-        if items is None:
-            return None
         # One copy, out of the object store into the batch.
-        batch = {
-            key: torch.from_numpy(np.stack([item[0][key] for item in items], axis=1))
-            for key in items[0][0]
-        }
-        core_state = tuple(
-            torch.from_numpy(np.concatenate([item[1][k] for item in items], axis=1))
-            for k in range(len(items[0][1]))
-        )
-        return batch, core_state, [item[2] for item in items]
+        return None if items is None else stack_rollouts(items)
 
     def timing_totals(self) -> np.ndarray:
         """(env, inference, all) CPU seconds and agent steps, summed over actors so far."""

@@ -47,7 +47,7 @@ from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
 from torchbeast.runtime.poly.batching import DynamicBatcher, Failed
-from torchbeast.runtime.queues import Closed, RolloutQueue
+from torchbeast.runtime.queues import Batch, Closed, RolloutQueue, stack_rollouts
 from torchbeast.runtime.supervision import Supervised
 from torchbeast.runtime.training import TrainingError
 
@@ -258,19 +258,11 @@ class PolyActorPool(Supervised):
 
     # ------------------------------------------------------------------ learner side
 
-    def get_batch(
-        self,
-    ) -> tuple[dict[str, torch.Tensor], CoreState, list[tuple[int, int]]] | None:
+    def get_batch(self) -> Batch | None:
         """B rollouts stacked to [T+1, B, ...] (with "mask"), their initial core states
         and the (stream, env) each came from."""
         items = self.queue.get_batch(self.batch_size)
-        if items is None:
-            return None
-        batch = {key: torch.stack([item[0][key] for item in items], dim=1) for key in items[0][0]}
-        core_state = tuple(
-            torch.cat([item[1][i] for item in items], dim=1) for i in range(len(items[0][1]))
-        )
-        return batch, core_state, [item[2] for item in items]
+        return None if items is None else stack_rollouts(items)
 
     def _infer(self, requests: list[tuple[dict[str, torch.Tensor], CoreState]]) -> list:
         """One forward pass for many streams: inputs [1, E, ...] each, batched on dim 1.
