@@ -42,8 +42,8 @@ from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import codec, trainer
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
-from torchbeast.runtime.poly.actor_pool import PolyActorPool
 from torchbeast.runtime.poly.batching import Failed
+from torchbeast.runtime.poly.learner_end import PolyActorPool
 
 PONG = EnvSpec("PongNoFrameskip-v4", (4, 84, 84), np.dtype("uint8"), 6)
 
@@ -112,7 +112,7 @@ def test_inference_rows_that_come_out_non_finite_fail_only_their_own_stream(tmp_
         return inputs, ()
 
     try:
-        good, bad, also_good = pool._infer(
+        good, bad, also_good = pool.inference.infer(
             [request([0.1] * 4), request([float("nan")] * 4), request([0.2] * 4)]
         )
     finally:

@@ -9,10 +9,10 @@ from collections.abc import Callable
 import gymnasium as gym
 import torch
 
+from torchbeast import evaluation
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.settings import Settings, build_settings
 from torchbeast.core.errors import UserError
-from torchbeast.runtime import evaluation
 
 # gym's DependencyNotInstalled: e.g. --mode test_render of CartPole without pygame.
 USER_ERRORS = (UserError, gym.error.DependencyNotInstalled)

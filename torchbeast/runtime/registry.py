@@ -44,8 +44,8 @@ RUNTIMES = {
         Runtime(
             "ray",
             "RayBeast",
-            "torchbeast.runtime.ray_actors",
-            prepare="torchbeast.runtime.ray_setup:prepare_environment",
+            "torchbeast.runtime.ray.trainer",
+            prepare="torchbeast.runtime.ray.prepare:prepare_environment",
         ),
     )
 }

@@ -28,8 +28,8 @@ from torchbeast.core import checkpoint
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.poly import env_side, network
-from torchbeast.runtime.poly.actor_pool import PolyActorPool
 from torchbeast.runtime.poly.env_flags import make_env_parser
+from torchbeast.runtime.poly.learner_end import PolyActorPool
 from torchbeast.runtime.processes import process_cpu_seconds
 from torchbeast.runtime.training import Trainer
 
