@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import argparse
 
-from torchbeast.config.flags import (
-    make_parser,
-    nonnegative_int,
-    positive_int,
-    resolve_num_buffers,
-)
+from torchbeast.config.flags import make_parser
 from torchbeast.config.poly import resolve_learner_flags
 from torchbeast.config.poly_flags import add_env_flags, add_learner_flags
+from torchbeast.config.resolvers import resolve_num_buffers
+from torchbeast.config.values import nonnegative_int, positive_int
 
 
 def make_mono_parser() -> argparse.ArgumentParser:

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import argparse
 
-from torchbeast.config.flags import (
-    add_env_side_flags,
+from torchbeast.config.flags import add_env_side_flags
+from torchbeast.config.poly import TOKEN_ENV_VAR
+from torchbeast.config.values import (
     nonnegative_float,
     nonnegative_int,
     positive_float,
     positive_int,
 )
-from torchbeast.config.poly import TOKEN_ENV_VAR
 
 
 def add_network_flags(parser: argparse.ArgumentParser) -> None:
