@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from torchbeast import docs
 from torchbeast.config import flags
+from torchbeast.config.parsers import make_learner_parser, make_ray_parser
+from torchbeast.config.reference import markdown_reference, markers
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -291,13 +294,7 @@ def test_too_few_buffers_for_several_envs_per_actor_are_refused(capsys):
 
 
 def learner_parser(runtime: str):
-    if runtime == "poly":
-        from torchbeast.runtime.poly.trainer import make_learner_parser
-
-        return make_learner_parser("")
-    from torchbeast.raybeast import make_ray_parser
-
-    return make_ray_parser()
+    return make_learner_parser("") if runtime == "poly" else make_ray_parser()
 
 
 @pytest.mark.parametrize("runtime", ["poly", "ray"])
@@ -321,40 +318,43 @@ def test_xpid_with_dots_dashes_and_equals_is_accepted():
 
 
 def test_markdown_reference_has_a_row_per_flag():
-    table = flags.markdown_reference()
+    table = markdown_reference()
     assert "| `--num_learner_threads` `--num_threads` | `2` | Number learner threads. |" in table
     assert "| `--mode` {train,test,test_render,eval} | `train` | Training or test mode;" in table
     assert "| `--seed` |  | (new) Seed for envs and the model. |" in table
 
 
-def test_update_readme_replaces_only_the_flag_block(tmp_path):
+def test_update_readme_replaces_only_the_flag_blocks(tmp_path):
+    tables = docs.readme_tables()
     readme = tmp_path / "README.md"
-    readme.write_text(f"# Title\n\n{flags.README_BEGIN}\nold table\n{flags.README_END}\n\nEnd.\n")
-    flags.update_readme(str(readme))
-    assert readme.read_text() == (
-        f"# Title\n\n{flags.README_BEGIN}\n{flags.markdown_reference()}\n"
-        f"{flags.README_END}\n\nEnd.\n"
+    old = "".join(f"{begin}\nold table\n{end}\n\n" for begin, end in map(markers, tables))
+    readme.write_text(f"# Title\n\n{old}End.\n")
+    docs.update_readme(str(readme))
+    new = "".join(
+        f"{begin}\n{tables[table]}\n{end}\n\n"
+        for table, (begin, end) in zip(tables, map(markers, tables), strict=True)
     )
+    assert readme.read_text() == f"# Title\n\n{new}End.\n"
 
 
-def test_readme_flag_table_is_in_sync_with_the_parser():
+def test_readme_has_a_flag_table_for_every_runtime_with_flags_of_its_own():
+    assert set(docs.readme_tables()) == {"flags", "polyflags", "rayflags"}
+
+
+def test_readme_flag_tables_are_in_sync_with_the_parsers():
     assert README.exists(), f"{README} is missing"
     text = README.read_text()
-    assert flags.README_BEGIN in text and flags.README_END in text, (
-        "README.md has no generated flag block: add the begin/end markers and run `make docs`"
-    )
-    start = text.index(flags.README_BEGIN) + len(flags.README_BEGIN) + len("\n")
-    block = text[start : text.index(flags.README_END)]
-    assert block == flags.markdown_reference() + "\n", "README.md is stale: run `make docs`"
+    for table, body in docs.readme_tables().items():
+        begin, end = markers(table)
+        assert begin in text and end in text, (
+            f"README.md has no generated {table} block: add its markers and run `make docs`"
+        )
+        block = text[text.index(begin) + len(begin) + len("\n") : text.index(end)]
+        assert block == body + "\n", f"README.md's {table} table is stale: run `make docs`"
 
 
-def test_readme_polybeast_flag_tables_are_in_sync_with_the_parsers():
-    from torchbeast.runtime.poly import trainer
-
-    text = README.read_text()
-    start = text.index(trainer.README_BEGIN) + len(trainer.README_BEGIN) + len("\n")
-    block = text[start : text.index(trainer.README_END)]
-    assert block == trainer.markdown_reference() + "\n", "README.md is stale: run `make docs`"
+def test_readme_polybeast_flag_tables_leave_the_shared_flags_to_the_first():
+    block = docs.readme_tables()["polyflags"]
     assert "| `--serve` |" in block and "| `--connect` |" in block
     assert "| `--env` |" not in block.split("`polybeast_env`")[0]  # shared flags: table above
 

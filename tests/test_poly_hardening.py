@@ -36,14 +36,15 @@ from tests.test_polybeast import (
     wait_for,
 )
 from torchbeast.config.flags import parse_flags
+from torchbeast.config.parsers import make_learner_parser
 from torchbeast.config.settings import build_settings
 from torchbeast.core.models import create_model, model_config
 from torchbeast.core.spec import EnvSpec
-from torchbeast.runtime.poly import codec, trainer
+from torchbeast.runtime.poly import codec
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
-from torchbeast.runtime.poly.actor_pool import PolyActorPool
 from torchbeast.runtime.poly.batching import Failed
+from torchbeast.runtime.poly.learner_end import PolyActorPool
 
 PONG = EnvSpec("PongNoFrameskip-v4", (4, 84, 84), np.dtype("uint8"), 6)
 
@@ -96,7 +97,7 @@ def cartpole_step(observation, reward: float = 0.0) -> pb.EnvMessage:
 
 
 def test_inference_rows_that_come_out_non_finite_fail_only_their_own_stream(tmp_path):
-    flags = parse_flags([*LEARNER], trainer.make_learner_parser(""))
+    flags = parse_flags([*LEARNER], make_learner_parser(""))
     settings = build_settings(flags, "poly")
     pool = PolyActorPool(settings, spec=CARTPOLE)
     config = model_config(settings.model, CARTPOLE.observation_shape)
@@ -112,7 +113,7 @@ def test_inference_rows_that_come_out_non_finite_fail_only_their_own_stream(tmp_
         return inputs, ()
 
     try:
-        good, bad, also_good = pool._infer(
+        good, bad, also_good = pool.inference.infer(
             [request([0.1] * 4), request([float("nan")] * 4), request([0.2] * 4)]
         )
     finally:

@@ -14,6 +14,7 @@ import torch
 from tests.test_monobeast import REPO, assert_one_error_line, monobeast, read_rows
 from torchbeast.config.env import env_settings
 from torchbeast.config.flags import parse_flags
+from torchbeast.config.parsers import make_learner_parser
 from torchbeast.config.poly import env_side_of
 from torchbeast.config.settings import build_settings
 from torchbeast.core.models import count_parameters, create_model
@@ -28,7 +29,6 @@ from torchbeast.envs.riverraid import (
     proxy_reward,
 )
 from torchbeast.envs.settings import EnvSettings
-from torchbeast.runtime.poly.trainer import make_learner_parser
 
 RIVERRAID = "RiverraidNoFrameskip-v4"
 

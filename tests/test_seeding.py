@@ -42,7 +42,7 @@ CLIENT_SEEDS = """
 import threading
 from torchbeast.runtime.poly import env_side
 from torchbeast.config.poly import poly_env_settings
-from torchbeast.runtime.poly.env_flags import make_env_parser
+from torchbeast.config.parsers import make_env_parser
 
 settings = poly_env_settings(make_env_parser().parse_args(
     ["--connect", "unix:/nonexistent", "--seed", "5", "--num_servers", "2",

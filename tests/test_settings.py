@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from torchbeast.config.flags import parse_flags
+from torchbeast.config.parsers import make_env_parser, make_learner_parser
 from torchbeast.config.poly import env_side_of, poly_env_settings
 from torchbeast.config.settings import build_settings
 from torchbeast.core import checkpoint
-from torchbeast.runtime.poly.env_flags import make_env_parser
-from torchbeast.runtime.poly.trainer import learner_spec, make_learner_parser
+from torchbeast.runtime.poly.trainer import learner_spec
 
 CORE = Path(__file__).resolve().parent.parent / "torchbeast" / "core"
 

@@ -31,41 +31,12 @@ import time
 import torch
 
 from torchbeast.cli import report_errors
-from torchbeast.config.flags import (
-    nonnegative_int,
-    parse_flags,
-    positive_int,
-    resolve_num_buffers,
-)
+from torchbeast.config.flags import parse_flags
+from torchbeast.config.parsers import make_bench_parser
 from torchbeast.config.settings import build_settings
-from torchbeast.raybeast import add_ray_flags
 from torchbeast.runtime.console import setup_console_logging
-from torchbeast.runtime.poly.trainer import make_learner_parser
 from torchbeast.runtime.registry import RUNTIMES
 from torchbeast.runtime.training import Trainer
-
-
-def make_bench_parser() -> argparse.ArgumentParser:
-    parser = make_learner_parser("Benchmark a runtime: steady-state SPS and per-stage CPU costs.")
-    parser.set_defaults(
-        env="PongNoFrameskip-v4",
-        batch_size=4,
-        unroll_length=80,
-        num_actors=2,
-        envs_per_actor=8,
-        total_steps=10**12,
-    )
-    add_ray_flags(parser)
-    parser.add_argument("--runtime", default="mono", choices=list(RUNTIMES))
-    parser.add_argument("--warmup_steps", type=nonnegative_int, default=20_000)
-    parser.add_argument("--bench_steps", type=positive_int, default=60_000)
-    parser.resolvers.append(resolve_num_buffers_of_mono)
-    return parser
-
-
-def resolve_num_buffers_of_mono(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
-    """--num_buffers, for the one runtime with shared-memory buffers."""
-    return resolve_num_buffers(flags, parser) if flags.runtime == "mono" else {}
 
 
 def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict) -> None:
@@ -109,7 +80,7 @@ def in_folder(flags: argparse.Namespace, folder: str) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    flags = parse_flags(argv, make_bench_parser())
+    flags = parse_flags(argv, make_bench_parser(list(RUNTIMES)))
     setup_console_logging()
     result: dict = {}
     trainer: Trainer | None = None

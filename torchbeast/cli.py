@@ -9,10 +9,11 @@ from collections.abc import Callable
 import gymnasium as gym
 import torch
 
+from torchbeast import evaluation
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.settings import Settings, build_settings
 from torchbeast.core.errors import UserError
-from torchbeast.runtime import evaluation
+from torchbeast.runtime.registry import RUNTIMES
 
 # gym's DependencyNotInstalled: e.g. --mode test_render of CartPole without pygame.
 USER_ERRORS = (UserError, gym.error.DependencyNotInstalled)
@@ -45,13 +46,15 @@ def run(
     parser: argparse.ArgumentParser,
     argv: list[str] | None,
     runtime: str,
-    train: Callable[[Settings], object],
+    train: Callable[[Settings], object] | None = None,
 ) -> int:
-    """Runs the mode the flags ask for: training in the entry point's ``runtime``, or test
-    and eval, which play on this machine whatever the runtime."""
+    """Runs the mode the flags ask for: training in the entry point's ``runtime`` (its
+    registered ``train`` unless another is given), or test and eval, which play on this
+    machine whatever the runtime."""
     settings = build_settings(parse_flags(argv, parser), runtime)
     mode = settings.run.mode
     if mode == "train":
+        train = train or RUNTIMES[runtime].train
         return report_errors(lambda: train(settings))
     if mode == "eval":
         return report_errors(lambda: evaluation.evaluate(settings))

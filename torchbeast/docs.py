@@ -1,24 +1,32 @@
-"""Regenerates the flag tables in README.md from the parsers: ``python -m torchbeast.docs``."""
+"""Regenerates the flag tables in README.md from the parsers: ``python -m torchbeast.docs``.
+
+The first table holds the flags of every runtime; then each runtime in the registry with
+flags of its own has its table."""
 
 from __future__ import annotations
 
 import sys
 
-from torchbeast import raybeast
-from torchbeast.config import flags
-from torchbeast.runtime.poly import trainer
+from torchbeast.config.reference import markdown_reference, replace_block
+from torchbeast.runtime.registry import RUNTIMES, function
+
+SHARED_TABLE = "flags"
+
+
+def readme_tables() -> dict[str, str]:
+    """Each generated table's name (its README markers) -> its Markdown."""
+    tables = {SHARED_TABLE: markdown_reference()}
+    for runtime in RUNTIMES.values():
+        if runtime.flags_table is not None:
+            tables[f"{runtime.name}flags"] = function(runtime.flags_table)()
+    return tables
 
 
 def update_readme(path: str) -> None:
-    flags.update_readme(path)
     with open(path) as f:
         text = f.read()
-    text = flags.replace_block(
-        text, trainer.README_BEGIN, trainer.README_END, trainer.markdown_reference()
-    )
-    text = flags.replace_block(
-        text, raybeast.README_BEGIN, raybeast.README_END, raybeast.markdown_reference()
-    )
+    for table, body in readme_tables().items():
+        text = replace_block(text, table, body)
     with open(path, "w") as f:
         f.write(text)
 

@@ -9,13 +9,11 @@ from __future__ import annotations
 import sys
 
 from torchbeast.cli import run
-from torchbeast.config.flags import make_parser
-from torchbeast.runtime import mono
+from torchbeast.config.parsers import make_mono_parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = make_parser("MonoBeast: IMPALA on one machine, actors in processes.")
-    return run(parser, argv, "mono", train=mono.train)
+    return run(make_mono_parser(), argv, "mono")
 
 
 if __name__ == "__main__":

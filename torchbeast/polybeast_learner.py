@@ -9,15 +9,18 @@ from __future__ import annotations
 import sys
 
 from torchbeast.cli import run
-from torchbeast.runtime.poly import trainer
+from torchbeast.config.parsers import make_learner_parser
+from torchbeast.runtime.registry import RUNTIMES
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = trainer.make_learner_parser(
-        "PolyBeast learner: IMPALA with environments as gRPC peers."
-    )
+    poly = RUNTIMES["poly"]
+    # The env processes are someone else's: this command starts none.
     return run(
-        parser, argv, "poly", train=lambda settings: trainer.train(settings, start_envs=False)
+        make_learner_parser(),
+        argv,
+        "poly",
+        train=lambda settings: poly.train(settings, start_envs=False),
     )
 
 

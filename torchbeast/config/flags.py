@@ -1,28 +1,32 @@
-"""The one flag parser, shared by every entry point.
+"""The flags of every runtime, and how a parse resolves and checks them.
 
 Flag names and defaults follow the original TorchBeast ``monobeast.py`` so that its
 command lines work as written; flags added since are marked "new" in their help.
-Entry points call :func:`make_parser`, may add flags of their own, then call
-:func:`parse_flags`, which refuses impossible values with one clear message.
+``parsers`` builds each entry point's parser from :func:`make_parser` and the runtimes'
+flag groups; :func:`parse_flags` refuses impossible values with one clear message.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
-import re
-import sys
-import time
-from collections.abc import Callable
+
+from torchbeast.config.resolvers import (
+    DEFAULT_ENVS,
+    Resolver,
+    resolve_layout,
+    resolve_num_buffers,
+    resolve_run_folder,
+)
+from torchbeast.config.values import (
+    finite_float,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    unit_float,
+)
 
 MODES = ("train", "test", "test_render", "eval")
-
-# Fills defaults derived from other flags, or refuses a combination: the flags it resolves.
-Resolver = Callable[[argparse.Namespace, argparse.ArgumentParser], dict]
-
-# The default layout: this many environments in all, spread over the actors.
-DEFAULT_ENVS = 16
 
 # Defaults that differ from the original MonoBeast's, which never learned Pong on a small
 # machine (upstream issues #24, #39); the README lists them, and giving these flags
@@ -38,48 +42,6 @@ ORIGINAL_DEFAULTS = {
     "epsilon": 0.01,
     "weight_init": "pytorch",
 }
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def nonnegative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def nonnegative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-    return value
-
-
-def unit_float(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
-    return value
 
 
 def make_parser(
@@ -377,96 +339,3 @@ def parse_flags(
     for resolve in parser.resolvers:
         flags = argparse.Namespace(**{**vars(flags), **resolve(flags, parser)})
     return flags
-
-
-def min_num_buffers(flags: argparse.Namespace) -> int:
-    """Fewest buffers with which actors and learner can never wait on each other forever."""
-    return flags.batch_size + flags.num_actors * (flags.envs_per_actor - 1)
-
-
-def default_num_actors() -> int:
-    """As many actors as cores, up to 16, rounded down to a power of 2 (a divisor of 16)."""
-    cores = min(len(os.sched_getaffinity(0)), DEFAULT_ENVS)
-    return 1 << (cores.bit_length() - 1)
-
-
-def resolve_layout(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
-    """--num_actors and --envs_per_actor: the machine's layout of DEFAULT_ENVS environments
-    when neither is given, one env per actor (the original's) when only --num_actors is."""
-    num_actors, envs_per_actor = flags.num_actors, flags.envs_per_actor
-    if num_actors is None:
-        num_actors = default_num_actors()
-        if envs_per_actor is None:
-            envs_per_actor = DEFAULT_ENVS // num_actors
-    return dict(num_actors=num_actors, envs_per_actor=envs_per_actor or 1)
-
-
-def resolve_run_folder(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
-    """--savedir with ~ and $VARS expanded; --xpid, a plain folder name, from the time if
-    not given."""
-    xpid = flags.xpid or "torchbeast-" + time.strftime("%Y%m%d-%H%M%S")
-    if not re.fullmatch(r"[A-Za-z0-9._=+-]+", xpid) or xpid in (".", ".."):
-        parser.error(
-            f"--xpid {xpid!r} is not a plain folder name: use letters, digits and . _ - = + only"
-        )
-    return dict(savedir=os.path.expanduser(os.path.expandvars(flags.savedir)), xpid=xpid)
-
-
-def resolve_num_buffers(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
-    """MonoBeast's --num_buffers: its default, or a refusal of too few."""
-    needed = min_num_buffers(flags)
-    if flags.num_buffers is None:
-        return dict(num_buffers=max(2 * flags.num_actors * flags.envs_per_actor, needed))
-    if flags.num_buffers < needed:
-        parser.error(
-            f"--num_buffers {flags.num_buffers} is too few for --batch_size {flags.batch_size} "
-            f"with {flags.num_actors} actors x {flags.envs_per_actor} envs: "
-            f"use --num_buffers {needed} or more"
-        )
-    return {}
-
-
-# ---------------------------------------------------------------------------------------
-# The flag reference in README.md is generated from the parser, and a test keeps it so.
-
-README_BEGIN = "<!-- flags:begin (generated by `make docs`; do not edit by hand) -->"
-README_END = "<!-- flags:end -->"
-
-
-def markdown_reference(
-    parser: argparse.ArgumentParser | None = None, exclude: frozenset[str] = frozenset()
-) -> str:
-    """A Markdown table of every flag (but ``exclude``d destinations), default and help."""
-    parser = parser or make_parser()
-    rows = ["| flag | default | meaning |", "|---|---|---|"]
-    for action in parser._actions:
-        if not action.option_strings or action.dest == "help" or action.dest in exclude:
-            continue
-        names = " ".join(f"`{name}`" for name in action.option_strings)
-        if action.choices:
-            names += " {" + ",".join(str(c) for c in action.choices) + "}"
-        default = "" if action.default is None or action.default is False else f"`{action.default}`"
-        meaning = (action.help or "").replace("%%", "%").replace("|", "\\|")
-        rows.append(f"| {names} | {default} | {meaning} |")
-    return "\n".join(rows)
-
-
-def replace_block(text: str, begin: str, end: str, body: str) -> str:
-    """``text`` with what lies between the ``begin`` and ``end`` marker lines replaced."""
-    start, stop = text.index(begin), text.index(end)
-    return text[:start] + f"{begin}\n{body}\n" + text[stop:]
-
-
-def update_readme(path: str) -> None:
-    with open(path) as f:
-        text = f.read()
-    text = replace_block(text, README_BEGIN, README_END, markdown_reference())
-    with open(path, "w") as f:
-        f.write(text)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["--update-readme"]:
-        update_readme(sys.argv[2])
-    else:
-        print(markdown_reference())

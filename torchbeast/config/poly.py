@@ -15,6 +15,8 @@ from torchbeast.envs.settings import EnvSettings
 if TYPE_CHECKING:
     from torchbeast.config.settings import Settings
 
+TOKEN_ENV_VAR = "TORCHBEAST_AUTH_TOKEN"  # where --auth_token is read from when not given
+
 
 @dataclass(frozen=True)
 class NetworkSettings:

@@ -9,7 +9,9 @@ environment's episode extras (``EnvSpec.episode_extras``) add one float column e
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from torchbeast.core.spec import EnvSpec
@@ -85,3 +87,28 @@ AGENT_KEYS = ("policy_logits", "baseline", "action", "policy_version")
 def env_keys(env_spec: EnvSpec) -> tuple[str, ...]:
     """What an environment step writes into a rollout: ENV_KEYS and its episode extras."""
     return ENV_KEYS + env_spec.extra_keys
+
+
+Array = np.ndarray | torch.Tensor
+
+
+def _join(values: Sequence[Array], dim: int, stack: bool) -> torch.Tensor:
+    """``values`` stacked (or concatenated) along ``dim`` in one copy: numpy arrays by numpy,
+    then wrapped as they are; tensors by torch."""
+    if isinstance(values[0], np.ndarray):
+        joined = np.stack(values, axis=dim) if stack else np.concatenate(values, axis=dim)
+        return torch.from_numpy(joined)
+    return torch.stack(values, dim=dim) if stack else torch.cat(values, dim=dim)
+
+
+def stack_columns(columns: Sequence[Mapping[str, Array]]) -> dict[str, torch.Tensor]:
+    """B rollouts, name -> [T+1, ...] each (numpy arrays or tensors), as one batch:
+    name -> [T+1, B, ...]. One copy per name."""
+    return {key: _join([column[key] for column in columns], 1, stack=True) for key in columns[0]}
+
+
+def stack_core_states(states: Sequence[Sequence[Array]]) -> tuple[torch.Tensor, ...]:
+    """B rollouts' initial core states, [layers, 1, H] each, as [layers, B, H]."""
+    return tuple(
+        _join([state[i] for state in states], 1, stack=False) for i in range(len(states[0]))
+    )

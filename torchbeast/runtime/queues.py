@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Sequence
 from typing import Generic, TypeVar
+
+import torch
+
+from torchbeast.core.rollout import stack_columns, stack_core_states
 
 In = TypeVar("In")
 
@@ -55,3 +60,17 @@ class RolloutQueue(Generic[In]):
 
     def close(self) -> None:
         self.closed.set()
+
+
+Batch = tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...], list[tuple[int, int]]]
+
+
+def stack_rollouts(items: Sequence[tuple]) -> Batch:
+    """Queued (rollout [T+1, ...], core state [layers, 1, H], source) items as the learner
+    takes them: the rollouts stacked to [T+1, B, ...], their core states [layers, B, H], and
+    the (stream or actor, env) each came from."""
+    return (
+        stack_columns([item[0] for item in items]),
+        stack_core_states([item[1] for item in items]),
+        [item[2] for item in items],
+    )

@@ -7,12 +7,14 @@ A runtime is a module with
     train(settings) -> dict: ``with session(settings) as trainer: return trainer.train()``
 
 and a ``Trainer`` subclass (``runtime.training``) that starts its pool, publishes
-weights and reports its ``stage_totals`` (CPU seconds outside the learner).
+weights and reports its ``stage_totals`` (CPU seconds outside the learner). A runtime with
+flags of its own names the function that writes their README table (``docs``).
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -21,31 +23,49 @@ if TYPE_CHECKING:
     from torchbeast.config.settings import Settings
 
 
+def function(path: str) -> Callable:
+    """The function a "module:function" path names, its module imported."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 @dataclass(frozen=True)
 class Runtime:
     name: str  # what --runtime names it
     title: str  # what people call it
     module: str  # imported on first use: it may need settings made before (Ray)
     prepare: str | None = None  # "module:function" to call with the settings before import
+    # "module:function" that returns the README's table of the runtime's own flags, between
+    # the markers of table NAMEflags (config.reference.markers); None: it has none.
+    flags_table: str | None = None
 
     def load(self, settings: Settings) -> ModuleType:
         """The runtime's module, imported once its ``prepare`` step has run."""
         if self.prepare is not None:
-            module, _, function = self.prepare.partition(":")
-            getattr(importlib.import_module(module), function)(settings)
+            function(self.prepare)(settings)
         return importlib.import_module(self.module)
+
+    def train(self, settings: Settings, **options) -> dict:
+        """Trains with this runtime: its module's ``train``."""
+        return self.load(settings).train(settings, **options)
 
 
 RUNTIMES = {
     runtime.name: runtime
     for runtime in (
         Runtime("mono", "MonoBeast", "torchbeast.runtime.mono"),
-        Runtime("poly", "PolyBeast", "torchbeast.runtime.poly.trainer"),
+        Runtime(
+            "poly",
+            "PolyBeast",
+            "torchbeast.runtime.poly.trainer",
+            flags_table="torchbeast.config.reference:poly_reference",
+        ),
         Runtime(
             "ray",
             "RayBeast",
-            "torchbeast.runtime.ray_actors",
-            prepare="torchbeast.runtime.ray_setup:prepare_environment",
+            "torchbeast.runtime.ray.trainer",
+            prepare="torchbeast.runtime.ray.prepare:prepare_environment",
+            flags_table="torchbeast.config.reference:ray_reference",
         ),
     )
 }

@@ -7,7 +7,6 @@ its metadata or is refused with UNAUTHENTICATED (and the refusal is logged).
 
 from __future__ import annotations
 
-import argparse
 import hmac
 import logging
 import os
@@ -15,14 +14,12 @@ from concurrent import futures
 
 import grpc
 
-from torchbeast.config.flags import positive_int
-from torchbeast.config.poly import NetworkSettings
+from torchbeast.config.poly import TOKEN_ENV_VAR, NetworkSettings
 from torchbeast.core.errors import UserError
 
 log = logging.getLogger("torchbeast")
 
 TOKEN_METADATA_KEY = "x-torchbeast-token"
-TOKEN_ENV_VAR = "TORCHBEAST_AUTH_TOKEN"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 MAX_MESSAGE_BYTES = 64 << 20  # gRPC's own cap; the per-stream limit from the spec is tighter
 KEEPALIVE_OPTIONS = [
@@ -41,43 +38,6 @@ RECONNECT_OPTIONS = [
 
 class NetworkError(UserError, RuntimeError):
     """An address, certificate or token problem the user must fix; the message says how."""
-
-
-def add_network_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags for addresses shared by every PolyBeast entry point, plus TLS and the token."""
-    add = parser.add_argument
-    add(
-        "--pipes_basename",
-        default="unix:/tmp/polybeast",
-        help="Basename for the env servers' addresses: BASENAME.0, BASENAME.1, ...",
-    )
-    add(
-        "--num_servers",
-        default=4,
-        type=positive_int,
-        metavar="N",
-        help="Number of environment servers.",
-    )
-    add(
-        "--env_servers",
-        default=None,
-        metavar="ADDR,ADDR",
-        help="(new) Env server addresses, comma-separated, e.g. 127.0.0.1:4431,host2:4431 "
-        "(default: PIPES_BASENAME.0 .. PIPES_BASENAME.{num_servers-1}).",
-    )
-    add(
-        "--auth_token",
-        default=None,
-        help=f"(new) Shared secret every stream must present (default: ${TOKEN_ENV_VAR}).",
-    )
-    add("--tls_cert", default=None, help="(new) PEM certificate this side serves TLS with.")
-    add("--tls_key", default=None, help="(new) PEM private key of --tls_cert.")
-    add(
-        "--tls_ca",
-        default=None,
-        help="(new) PEM CA certificate: a client trusts servers signed by it (and dials with "
-        "TLS); a server with it also requires client certificates.",
-    )
 
 
 def auth_token(settings: NetworkSettings) -> str | None:

@@ -1,5 +1,5 @@
 """Settings Ray reads from the environment when it is imported: set before the Ray
-runtime (``runtime.ray_actors``) is, by ``registry.RUNTIMES["ray"].load``."""
+runtime (``runtime.ray.trainer``) is, by ``registry.RUNTIMES["ray"].load``."""
 
 from __future__ import annotations
 

@@ -1,0 +1,86 @@
+"""Every entry point's parser, built from the flag groups (``flags``: those of every
+runtime; ``poly_flags``: PolyBeast's; here: RayBeast's and the benchmark's)."""
+
+from __future__ import annotations
+
+import argparse
+
+from torchbeast.config.flags import make_parser
+from torchbeast.config.poly import resolve_learner_flags
+from torchbeast.config.poly_flags import add_env_flags, add_learner_flags
+from torchbeast.config.resolvers import resolve_num_buffers
+from torchbeast.config.values import nonnegative_int, positive_int
+
+
+def make_mono_parser() -> argparse.ArgumentParser:
+    return make_parser("MonoBeast: IMPALA on one machine, actors in processes.")
+
+
+def make_learner_parser(
+    description: str = "PolyBeast learner: IMPALA with environments as gRPC peers.",
+) -> argparse.ArgumentParser:
+    """``polybeast_learner``'s parser; ``polybeast`` and the benchmark start from it."""
+    parser = make_parser(description, shared_memory_buffers=False)
+    add_learner_flags(parser)
+    parser.resolvers.append(resolve_learner_flags)
+    return parser
+
+
+def make_poly_parser() -> argparse.ArgumentParser:
+    parser = make_learner_parser("PolyBeast: env servers and learner in one command.")
+    parser.set_defaults(env="PongNoFrameskip-v4")
+    return parser
+
+
+def make_env_parser() -> argparse.ArgumentParser:
+    """``polybeast_env``'s parser."""
+    parser = argparse.ArgumentParser(
+        description="PolyBeast env servers (or, with --connect, env clients).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_env_flags(parser)
+    return parser
+
+
+def add_ray_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ray_address",
+        default=None,
+        metavar="ADDRESS",
+        help="(new) A running Ray cluster to join: host:port of its head, or auto "
+        "(default: start a local Ray instance bound to 127.0.0.1, stopped at the end).",
+    )
+
+
+def make_ray_parser() -> argparse.ArgumentParser:
+    parser = make_parser(
+        "RayBeast: IMPALA with Ray actors, on one machine or a Ray cluster.",
+        shared_memory_buffers=False,
+    )
+    add_ray_flags(parser)
+    return parser
+
+
+def make_bench_parser(runtimes: list[str]) -> argparse.ArgumentParser:
+    """The benchmark's: every runtime's flags, ``--runtime`` one of ``runtimes``, and the
+    measurement window."""
+    parser = make_learner_parser("Benchmark a runtime: steady-state SPS and per-stage CPU costs.")
+    parser.set_defaults(
+        env="PongNoFrameskip-v4",
+        batch_size=4,
+        unroll_length=80,
+        num_actors=2,
+        envs_per_actor=8,
+        total_steps=10**12,
+    )
+    add_ray_flags(parser)
+    parser.add_argument("--runtime", default="mono", choices=runtimes)
+    parser.add_argument("--warmup_steps", type=nonnegative_int, default=20_000)
+    parser.add_argument("--bench_steps", type=positive_int, default=60_000)
+    parser.resolvers.append(resolve_num_buffers_of_mono)
+    return parser
+
+
+def resolve_num_buffers_of_mono(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """--num_buffers, for the one runtime with shared-memory buffers."""
+    return resolve_num_buffers(flags, parser) if flags.runtime == "mono" else {}

@@ -1,0 +1,76 @@
+"""Classic mode: the learner dials the env servers, one stream per actor, and redials a
+server that died or failed its stream, with backoff."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+from typing import TYPE_CHECKING
+
+import grpc
+
+from torchbeast.runtime.poly import codec, network
+from torchbeast.runtime.poly import polybeast_pb2 as pb
+from torchbeast.runtime.poly.run_spec import SpecMismatch
+from torchbeast.runtime.poly.stream_limits import OverBudget
+from torchbeast.runtime.queues import Closed
+
+if TYPE_CHECKING:
+    from torchbeast.runtime.poly.learner_end import PolyActorPool
+
+log = logging.getLogger("torchbeast")
+
+MAX_BACKOFF_S = 5.0
+
+
+def dial(pool: PolyActorPool, address: str) -> None:
+    """Keeps one of ``pool``'s streams open to the env server at ``address``."""
+    backoff = 0.1
+    metadata = network.call_metadata(pool.poly.network)
+    channel = network.create_channel(pool.poly.network, address)
+    with pool.lock:
+        pool.channels.append(channel)
+    stream_env = channel.stream_stream(
+        "/torchbeast.polybeast.EnvServer/StreamEnv",
+        request_serializer=pb.Action.SerializeToString,
+        response_deserializer=codec.parse_env_message,  # logs what it cannot parse
+    )
+    for attempt in itertools.count():
+        if pool.stopping.is_set():
+            return
+        requests: queue.Queue[pb.Action | None] = queue.Queue()  # None: half-close
+        # wait_for_ready: a server that is not up (yet, or again) is waited for.
+        call = stream_env(iter(requests.get, None), metadata=metadata, wait_for_ready=True)
+        try:
+            for action in pool.serve_env(call, call.cancel):
+                requests.put(action)
+            reason = "it closed the stream"
+        except grpc.RpcError as error:
+            code = error.code()
+            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                pool.fail(f"env server {address} refused the learner: {error.details()}")
+            reason = code.name
+        except codec.ProtocolError as error:
+            reason = f"it sent a bad stream: {error}"
+        except OverBudget as error:
+            reason = str(error)
+        except SpecMismatch as error:  # a misconfigured server: redialling cannot help
+            pool.fail(f"env server {address}: {error}")
+            reason = str(error)
+        except Closed:
+            return
+        finally:
+            requests.put(None)
+            call.cancel()
+        if pool.stopping.is_set():
+            return
+        if backoff == 0.1:
+            log.warning("Env server %s: %s; redialling.", address, reason)
+        elif attempt % 20 == 0:
+            log.info("Still redialling env server %s.", address)
+        if pool.stopping.wait(backoff):
+            return
+        # A server that keeps failing streams is retried ever more slowly; one that
+        # is just down is waited for by wait_for_ready instead.
+        backoff = min(2 * backoff, MAX_BACKOFF_S) if reason != "UNAVAILABLE" else 0.1

@@ -1,0 +1,101 @@
+"""Batched inference for the env streams: one forward pass of a copy of the learner's
+model for every stream waiting (``DynamicBatcher``), on the learner's device."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import nn
+
+from torchbeast.config.poly import PolySettings
+from torchbeast.core.models import CoreState, create_model
+from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime.poly.batching import DynamicBatcher, Failed
+from torchbeast.runtime.poly.stream_limits import StreamClosed
+
+Request = tuple[dict[str, torch.Tensor], CoreState]  # inputs [1, E, ...]; [layers, E, H]
+
+
+class StreamInference:
+    """The streams' model: the learner's weights as last published, and its batcher."""
+
+    def __init__(self, model: nn.Module, config: dict, spec: EnvSpec, poly: PolySettings):
+        self.device = next(model.parameters()).device
+        inference_model = create_model(config, spec.observation_shape, spec.num_actions)
+        inference_model.load_state_dict(model.state_dict())
+        inference_model.policy_version.copy_(model.policy_version)  # not in state_dict
+        self.model = inference_model.to(self.device)
+        self.lock = threading.Lock()
+        self.initial_core_state = tuple(s.cpu() for s in inference_model.initial_state(1))
+        self.batcher = DynamicBatcher(
+            self.infer,
+            max_batch_size=poly.max_inference_batch_size,
+            timeout_s=poly.inference_timeout_ms / 1000,
+            num_threads=poly.num_inference_threads,
+        )
+
+    def compute(self, request: Request) -> tuple[dict[str, torch.Tensor], CoreState]:
+        """One stream's outputs [E, ...] and next core state, batched with other streams'."""
+        return self.batcher.compute(request)
+
+    def publish(self, model: nn.Module) -> None:
+        """Copies the learner's new weights into the inference model."""
+        with self.lock, torch.no_grad():
+            for target, source in zip(self.model.parameters(), model.parameters(), strict=True):
+                target.copy_(source)
+            self.model.policy_version.copy_(model.policy_version)
+
+    def close(self) -> None:
+        self.batcher.close()
+
+    def infer(self, requests: list[Request]) -> list:
+        """One forward pass for many streams: inputs [1, E, ...] each, batched on dim 1.
+
+        Actions are sampled here, not in the model (which runs in eval mode), so that a
+        stream whose observations give non-finite outputs fails alone (``Failed``)."""
+        if len(requests) == 1:  # often: no copy needed
+            inputs, core_state = requests[0]
+        else:
+            inputs = {
+                key: torch.cat([request[0][key] for request in requests], dim=1)
+                for key in requests[0][0]
+            }
+            core_state = tuple(
+                torch.cat([request[1][i] for request in requests], dim=1)
+                for i in range(len(requests[0][1]))
+            )
+        inputs = {key: value.to(self.device) for key, value in inputs.items()}
+        core_state = tuple(s.to(self.device) for s in core_state)
+        with self.lock, torch.inference_mode():
+            outputs, core_state = self.model(inputs, core_state, act=False)
+        logits = outputs["policy_logits"][0]  # [N, A]
+        # One reduction per row: a non-finite logit or baseline makes the sum non-finite.
+        finite = torch.isfinite(logits.sum(dim=1) + outputs["baseline"][0])  # [N]
+        all_finite = bool(finite.all())
+        if not all_finite:  # rare: sample the good rows; the others fail their stream
+            logits = torch.where(finite[:, None], logits, 0.0)
+        probabilities = torch.softmax(logits, dim=1)
+        outputs["action"] = torch.multinomial(probabilities, num_samples=1).view(1, -1)
+        outputs = {key: value.cpu() for key, value in outputs.items()}  # [1, N, ...]
+        core_state = tuple(s.cpu() for s in core_state)  # [layers, N, H]
+        row_finite = None if all_finite else finite.tolist()
+        results: list = []
+        start = 0
+        for request in requests:
+            end = start + request[0]["frame"].shape[1]
+            if row_finite is not None and not all(row_finite[start:end]):
+                error = StreamClosed(
+                    "inference on its observations gave non-finite outputs "
+                    "(are its values too large?)"
+                )
+                results.append(Failed(error))
+            else:
+                results.append(
+                    (
+                        {key: value[0, start:end] for key, value in outputs.items()},
+                        tuple(s[:, start:end] for s in core_state),
+                    )
+                )
+            start = end
+        return results

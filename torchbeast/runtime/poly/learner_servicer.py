@@ -1,0 +1,98 @@
+"""Inverted mode: the gRPC service env clients dial, each call one stream of the pool's,
+its failures mapped to the status codes a client can act on."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import grpc
+
+from torchbeast.runtime.poly import codec
+from torchbeast.runtime.poly import polybeast_pb2 as pb
+from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
+from torchbeast.runtime.poly.run_spec import SpecMismatch
+from torchbeast.runtime.poly.stream_limits import OverBudget, StreamClosed
+from torchbeast.runtime.queues import Closed
+
+if TYPE_CHECKING:
+    from torchbeast.runtime.poly.learner_end import PolyActorPool
+
+log = logging.getLogger("torchbeast")
+
+
+class RateLimitedLog:
+    """Warnings about refused peers: at most ``burst`` lines per ``period_s``, then a count,
+    so that a flood of bad connections cannot flood the log."""
+
+    def __init__(self, burst: int = 20, period_s: float = 10.0):
+        self.burst, self.period_s = burst, period_s
+        self.lock = threading.Lock()
+        self.window_start = time.monotonic()
+        self.logged = self.suppressed = 0
+
+    def warning(self, message: str, *args) -> None:
+        with self.lock:
+            now = time.monotonic()
+            if now - self.window_start >= self.period_s:
+                if self.suppressed:
+                    log.warning(
+                        "%d more refused streams in the last %.0f s were not logged.",
+                        self.suppressed,
+                        now - self.window_start,
+                    )
+                self.window_start, self.logged, self.suppressed = now, 0, 0
+            if self.logged >= self.burst:
+                self.suppressed += 1
+                return
+            self.logged += 1
+        log.warning(message, *args)
+
+
+class LearnerServicer(pb_grpc.LearnerServicer):
+    """Inverted mode: env clients dial the learner."""
+
+    def __init__(self, pool: PolyActorPool):
+        self.pool = pool
+        self.refusals = RateLimitedLog()
+
+    def ConnectEnv(self, request_iterator, context):  # noqa: N802 (gRPC's name)
+        try:
+            yield from self.pool.serve_env(request_iterator, context.cancel)
+        except grpc.RpcError:
+            log.info("An env client at %s disconnected.", context.peer())
+        except StreamClosed as error:
+            self.refusals.warning("Closed a stream from %s: %s", context.peer(), error)
+            context.abort(grpc.StatusCode.ABORTED, str(error))
+        except codec.ProtocolError as error:
+            self.refusals.warning("Closing a stream from %s: %s", context.peer(), error)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except SpecMismatch as error:
+            self.refusals.warning("Refused a stream from %s: %s", context.peer(), error)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        except OverBudget as error:
+            self.refusals.warning("Refused a stream from %s: %s", context.peer(), error)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        except Closed:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is stopping")
+        except Exception as error:  # not the client's fault: say so, keep the traceback here
+            log.exception("Serving a stream from %s failed.", context.peer())
+            context.abort(grpc.StatusCode.INTERNAL, f"the learner failed: {error!r}")
+
+
+def add_learner_servicer(server: grpc.Server, servicer: LearnerServicer) -> None:
+    """Registers ``servicer`` with a deserializer that lets the stream refuse (and log) a
+    message protobuf cannot parse; gRPC's own would close the stream without a word."""
+    handlers = {
+        "ConnectEnv": grpc.stream_stream_rpc_method_handler(
+            servicer.ConnectEnv,
+            request_deserializer=codec.parse_env_message,
+            response_serializer=pb.Action.SerializeToString,
+        )
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("torchbeast.polybeast.Learner", handlers),)
+    )
+    server.add_registered_method_handlers("torchbeast.polybeast.Learner", handlers)

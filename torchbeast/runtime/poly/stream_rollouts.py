@@ -1,0 +1,157 @@
+"""Rollout assembly at the learner's end of one env stream: each Step written into the
+stream's rollout buffers ([T+1, E, ...]: its E envs side by side), an action asked of
+batched inference, and every T steps each env's rollout queued for the learner. A stream
+that ends before its rollout is full (a client that left, a server that died) still
+delivers what it sent: zero-padded to T+1, with a mask."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from torchbeast.core import rollout
+from torchbeast.core.models import CoreState
+from torchbeast.core.rollout import rollout_bytes
+from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime.poly import codec
+from torchbeast.runtime.poly import polybeast_pb2 as pb
+from torchbeast.runtime.poly.episodes_log import EpisodeLog, client_id_of
+from torchbeast.runtime.poly.inference import StreamInference
+from torchbeast.runtime.poly.stream_limits import Stream, StreamMemory
+from torchbeast.runtime.queues import Closed, RolloutQueue
+
+log = logging.getLogger("torchbeast")
+
+Rollout = tuple[dict[str, torch.Tensor], CoreState]  # [T+1, ...] with "mask"; [layers, 1, H]
+
+
+class StreamRollouts:
+    """Turns env streams' Steps into rollouts on ``queue``, acting with ``inference``."""
+
+    def __init__(
+        self,
+        unroll_length: int,
+        inference: StreamInference,
+        episodes: EpisodeLog,
+        queue: RolloutQueue,
+        memory: StreamMemory,
+        stopping: threading.Event,
+    ):
+        self.unroll_length = unroll_length
+        self.inference = inference
+        self.episodes = episodes
+        self.queue = queue
+        self.memory = memory
+        self.stopping = stopping
+
+    def act(
+        self, incoming: Iterator[pb.EnvMessage], stream: Stream, spec: EnvSpec, num_envs: int
+    ) -> Iterator[pb.Action]:
+        """Reads the stream's Steps after its Hello, yields an Action for each."""
+        size_limit = codec.max_step_bytes(spec, num_envs)
+        first = next(incoming, None)
+        if first is None:
+            return
+        # Memory is spent only on a stream that sends Steps (a bare Hello costs nothing).
+        first_step = codec.read_step(first, spec, num_envs, size_limit)
+        buffer_size = num_envs * rollout_bytes(spec, self.unroll_length)
+        with self.memory.reserved(stream.client_id, buffer_size):
+            yield from self._act_on_steps(incoming, stream, spec, num_envs, first_step)
+
+    def _act_on_steps(
+        self,
+        incoming: Iterator[pb.EnvMessage],
+        stream: Stream,
+        spec: EnvSpec,
+        num_envs: int,
+        first_step: tuple[dict[str, np.ndarray], np.ndarray],
+    ) -> Iterator[pb.Action]:
+        T = self.unroll_length
+        client_id = stream.client_id
+        size_limit = codec.max_step_bytes(spec, num_envs)
+        # [T+1, E, ...]: the stream's E envs side by side, as the model wants them.
+        buffers = {
+            key: value.transpose(0, 1).contiguous()
+            for key, value in rollout.allocate(spec, T, num_envs).items()
+        }
+        arrays = {key: value.numpy() for key, value in buffers.items()}  # views, for numpy writes
+        core_state = initial_core_state = tuple(
+            s.expand(-1, num_envs, -1).contiguous() for s in self.inference.initial_core_state
+        )
+        t = 0
+
+        def write(index: int, fields: dict[str, np.ndarray], observation: np.ndarray) -> None:
+            arrays["frame"][index] = observation  # the one copy out of the message
+            for name, values in fields.items():
+                arrays[name][index] = values
+
+        write(0, *first_step)
+        try:
+            while True:
+                env_inputs = {key: buffers[key][t : t + 1] for key in rollout.ENV_KEYS}
+                agent_output, core_state = self.inference.compute((env_inputs, core_state))
+                actions = agent_output["action"]  # [E]
+                yield pb.Action(action=actions.tolist())
+                message = next(incoming, None)
+                if message is None:
+                    break
+                # A bad Step raises before t moves on.
+                fields, observation = codec.read_step(message, spec, num_envs, size_limit)
+                write(t + 1, fields, observation)
+                t += 1
+                buffers["last_action"][t] = actions
+                for key in rollout.AGENT_KEYS:
+                    buffers[key][t] = agent_output[key]
+                for env in np.flatnonzero(fields["episode_end"]):
+                    self.episodes.write(
+                        client_id_of(client_id, env, num_envs),
+                        float(fields["episode_return"][env]),
+                        int(fields["episode_step"][env]),
+                        "game",
+                    )
+                if t == T:
+                    self._deliver(stream.serial, buffers, T, initial_core_state)
+                    for value in buffers.values():
+                        value[0] = value[T]
+                    initial_core_state, t = core_state, 0
+        finally:  # also when the peer went away (grpc.RpcError): a disconnect
+            if not self.stopping.is_set():
+                log.info("Stream %s ended %d steps into a rollout.", client_id, t)
+            if t > 0 and not self.stopping.is_set() and not stream.discard:
+                # What the stream sent is still learned from: partial rollouts.
+                for env in np.flatnonzero(~arrays["episode_end"][t]):
+                    self.episodes.write(
+                        client_id_of(client_id, env, num_envs),
+                        float(arrays["episode_return"][t, env]),
+                        int(arrays["episode_step"][t, env]),
+                        "disconnect",
+                    )
+                try:
+                    self._deliver(stream.serial, buffers, t, initial_core_state)
+                except Closed:
+                    pass
+
+    def _deliver(
+        self,
+        stream: int,
+        buffers: dict[str, torch.Tensor],
+        length: int,
+        core_state: CoreState,
+    ) -> None:
+        """Queues each env's rollout: its first ``length`` + 1 steps, zero-padded to T+1,
+        with its source: (stream, env)."""
+        T1, num_envs = buffers["frame"].shape[:2]
+        mask = torch.zeros(T1, dtype=torch.bool)
+        mask[: length + 1] = True
+        for env in range(num_envs):
+            column = {key: value[:, env].clone() for key, value in buffers.items()}
+            if length + 1 < T1:  # padding: zeros, which the mask keeps out of every loss
+                for value in column.values():
+                    value[length + 1 :] = 0
+            column["mask"] = mask
+            env_state = tuple(s[:, env : env + 1] for s in core_state)
+            self.queue.put((column, env_state, (stream, env)))

@@ -1,0 +1,180 @@
+"""The driver's side of RayBeast's actors: starts them, keeps TASKS_PER_ACTOR unroll tasks
+in flight per actor, restarts dead ones within a budget, and queues their rollouts for
+the learner."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+import numpy as np
+import ray
+
+from torchbeast.config.settings import Settings
+from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime.queues import Batch, Closed, RolloutQueue, stack_rollouts
+from torchbeast.runtime.ray.actors import RayWeights, RemoteRolloutActor
+from torchbeast.runtime.supervision import RestartBudget, Supervised, last_line
+
+log = logging.getLogger("torchbeast")
+
+TASKS_PER_ACTOR = 2  # one running, one queued: an actor never waits to be asked
+WAIT_S = 0.1
+
+
+class RayActorPool(Supervised):
+    """Starts the Ray actors, keeps them busy, restarts dead ones, queues their rollouts."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        env_spec: EnvSpec,
+        config: dict,
+        weights: RayWeights,
+    ):
+        super().__init__()
+        self.settings, self.env_spec, self.config, self.weights = (
+            settings,
+            env_spec,
+            config,
+            weights,
+        )
+        self.batch_size = settings.learner.batch_size
+        num_actors, self.envs_per_actor = settings.actors.num_actors, settings.actors.envs_per_actor
+        # Columns waiting for the learner; a full queue holds the collector back.
+        self.queue: RolloutQueue[tuple] = RolloutQueue(
+            2 * self.batch_size + self.envs_per_actor, closed=self.stopping
+        )
+        self.lock = threading.Lock()
+        self.actors: list = [None] * num_actors
+        self.incarnations = [0] * num_actors
+        self.pending: dict[ray.ObjectRef, tuple[int, int]] = {}  # task -> (actor, incarnation)
+        self.restarts = RestartBudget(num_actors)
+        self.timings = np.zeros(4)  # env, inference, all CPU seconds; agent steps
+        self.started = time.monotonic()
+        self.first_rollout_s: float | None = None
+        # Fraction of a CPU each actor asks Ray for, so that every actor can be placed:
+        # rounded down to Ray's resource granularity (1e-4), never up.
+        total_cpus = ray.cluster_resources().get("CPU", 1.0)
+        share = math.floor(total_cpus / num_actors * 10_000) / 10_000
+        self.cpus_per_actor = min(1.0, max(share, 0.0001))
+        self.collector = threading.Thread(target=self._collect, name="collector", daemon=True)
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        for actor_index in range(len(self.actors)):
+            self._start_actor(actor_index)
+        self.collector.start()
+
+    def _start_actor(self, actor_index: int) -> None:
+        actor = RemoteRolloutActor.options(
+            num_cpus=self.cpus_per_actor, scheduling_strategy="SPREAD"
+        ).remote(
+            self.settings, self.env_spec, self.config, actor_index, self.incarnations[actor_index]
+        )
+        with self.lock:
+            self.actors[actor_index] = actor
+        for _ in range(TASKS_PER_ACTOR):
+            self._submit(actor_index)
+
+    def _submit(self, actor_index: int) -> None:
+        ref, version = self.weights.latest()
+        with self.lock:
+            task = self.actors[actor_index].unroll.remote([ref], version)
+            self.pending[task] = (actor_index, self.incarnations[actor_index])
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.collector.is_alive():
+            self.collector.join(timeout=5.0)
+        with self.lock:
+            for actor in self.actors:
+                if actor is not None:
+                    ray.kill(actor, no_restart=True)
+            self.pending.clear()
+
+    # The collector thread.
+
+    def _collect(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                with self.lock:
+                    tasks = list(self.pending)
+                if not tasks:
+                    self.stopping.wait(WAIT_S)
+                    continue
+                ready, _ = ray.wait(tasks, num_returns=1, timeout=WAIT_S)
+                for task in ready:
+                    self._finish(task)
+        except Closed:
+            pass  # stopping
+        except Exception as error:  # surfaced as the run's error, not swallowed
+            log.exception("The rollout collector failed.")
+            self.fail(f"the rollout collector failed: {last_line(error)} (see out.log)")
+
+    def _finish(self, task: ray.ObjectRef) -> None:
+        with self.lock:
+            owner = self.pending.pop(task, None)
+        if owner is None or self.stopping.is_set():
+            return  # abandoned by stop()
+        actor_index, incarnation = owner
+        try:
+            result = ray.get(task)
+        except ray.exceptions.RayActorError as error:
+            if error.actor_init_failed:
+                self.fail(f"actor {actor_index} could not start: {last_line(error)}")
+            else:
+                self._replace_dead_actor(actor_index, incarnation, error)
+            return
+        except ray.exceptions.ObjectLostError as error:  # its node went down with the rollout
+            self._replace_dead_actor(actor_index, incarnation, error)
+            return
+        except ray.exceptions.RayTaskError as error:
+            log.error("Actor %d failed:\n%s", actor_index, error)
+            self.fail(f"actor {actor_index} failed: {last_line(error)} (traceback in out.log)")
+            return
+        if self.first_rollout_s is None:
+            self.first_rollout_s = time.monotonic() - self.started
+            log.info("First rollout after %.1f s (the Ray actors start).", self.first_rollout_s)
+        self.timings += result["timings"]
+        self._queue_columns(actor_index, result)
+        if incarnation == self.incarnations[actor_index]:
+            self._submit(actor_index)
+
+    def _queue_columns(self, actor_index: int, result: dict) -> None:
+        """Queues each env's rollout as one column: numpy views into the object store."""
+        arrays, core_state = result["rollout"], result["core_state"]
+        for env_index in range(self.envs_per_actor):
+            column = {key: value[env_index] for key, value in arrays.items()}  # [T+1, ...]
+            env_state = tuple(s[env_index][:, None] for s in core_state)  # [layers, 1, H]
+            self.queue.put((column, env_state, (actor_index, env_index)))
+
+    def _replace_dead_actor(self, actor_index: int, incarnation: int, error: Exception) -> None:
+        with self.lock:
+            if incarnation != self.incarnations[actor_index] or self.stopping.is_set():
+                return  # its other task already reported the death
+            self.incarnations[actor_index] += 1
+        if not self.restarts.record_death():
+            self.fail(
+                f"actors keep dying: {self.restarts.deaths_text()} "
+                f"(last: {last_line(error)}); see out.log"
+            )
+            return
+        log.warning("Actor %d died (%s); starting a new one.", actor_index, last_line(error))
+        # Usually dead already; a lost rollout may have left it alive but of no more use.
+        ray.kill(self.actors[actor_index], no_restart=True)
+        self._start_actor(actor_index)
+
+    # The learner's side.
+
+    def get_batch(self) -> Batch | None:
+        """B columns stacked to [T+1, B, ...], their core states [layers, B, H], sources."""
+        items = self.queue.get_batch(self.batch_size)
+        # One copy, out of the object store into the batch.
+        return None if items is None else stack_rollouts(items)
+
+    def timing_totals(self) -> np.ndarray:
+        """(env, inference, all) CPU seconds and agent steps, summed over actors so far."""
+        return self.timings.copy()
