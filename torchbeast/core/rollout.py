@@ -92,6 +92,36 @@ def env_keys(env_spec: EnvSpec) -> tuple[str, ...]:
 Array = np.ndarray | torch.Tensor
 
 
+def first_agent_output(num_envs: int, num_actions: int) -> dict[str, torch.Tensor]:
+    """The agent output at step 0 of an actor's first rollout: none chosen yet, zeros."""
+    return {
+        "policy_logits": torch.zeros(num_envs, num_actions),
+        "baseline": torch.zeros(num_envs),
+        "action": torch.zeros(num_envs, dtype=torch.int64),
+        "policy_version": torch.zeros(num_envs, dtype=torch.int64),
+    }
+
+
+def write_step(
+    buffers: Mapping[str, Array],
+    where: int | tuple,
+    keys: Sequence[str],
+    env_output: Mapping[str, Array],
+    agent_output: Mapping[str, Array],
+) -> None:
+    """Writes one step of E rollouts side by side, at ``where`` in ``buffers`` (``t`` for
+    [T+1, E, ...] buffers, ``(rows, t)`` for [N, T+1, ...] ones): the env's output
+    ``keys`` after the step ([E, ...] each) and the agent output that chose its action.
+
+    Step t holds what the env returned at t and the action (with its logits, baseline and
+    policy version) chosen at t - 1 that led there; step 0 of a rollout is written with the
+    last step of the previous one, so every runtime's rollouts overlap by one step."""
+    for key in keys:
+        buffers[key][where] = env_output[key]
+    for key in AGENT_KEYS:
+        buffers[key][where] = agent_output[key]
+
+
 def _join(values: Sequence[Array], dim: int, stack: bool) -> torch.Tensor:
     """``values`` stacked (or concatenated) along ``dim`` in one copy: numpy arrays by numpy,
     then wrapped as they are; tensors by torch."""

@@ -47,12 +47,7 @@ class Unroller:
         self.model = create_model(config, env_spec.observation_shape, env_spec.num_actions)
         self.model.train()  # sample actions
         self.env_output = {k: torch.from_numpy(v) for k, v in self.env.reset(seed=seed).items()}
-        self.agent_output = {
-            "policy_logits": torch.zeros(num_envs, env_spec.num_actions),
-            "baseline": torch.zeros(num_envs),
-            "action": torch.zeros(num_envs, dtype=torch.int64),
-            "policy_version": torch.zeros(num_envs, dtype=torch.int64),
-        }
+        self.agent_output = rollout.first_agent_output(num_envs, env_spec.num_actions)
         self.core_state = self.model.initial_state(num_envs)
         self.env_time = self.inference_time = 0.0
 
@@ -65,10 +60,7 @@ class Unroller:
         """Writes env i's rollout to ``buffers[key][index[i]]`` ([T+1, ...]) and the core
         state it starts from to ``initial_core_states[k][index[i]]`` ([layers, H])."""
         # Step 0 repeats the last step of the previous rollout.
-        for key in self.env_keys:
-            buffers[key][index, 0] = self.env_output[key]
-        for key in rollout.AGENT_KEYS:
-            buffers[key][index, 0] = self.agent_output[key]
+        rollout.write_step(buffers, (index, 0), self.env_keys, self.env_output, self.agent_output)
         for stored, state in zip(initial_core_states, self.core_state, strict=True):
             stored[index] = state.transpose(0, 1)  # [E, layers, H]
 
@@ -83,10 +75,9 @@ class Unroller:
             self.env_output = {k: torch.from_numpy(v) for k, v in step.items()}
             self.env_time += time.process_time() - middle
             self.inference_time += middle - start
-            for key in self.env_keys:
-                buffers[key][index, t] = self.env_output[key]
-            for key in rollout.AGENT_KEYS:
-                buffers[key][index, t] = self.agent_output[key]
+            rollout.write_step(
+                buffers, (index, t), self.env_keys, self.env_output, self.agent_output
+            )
 
     def take_times(self) -> tuple[float, float]:
         """(env, inference) CPU seconds since the last call."""

@@ -73,6 +73,7 @@ class StreamRollouts:
         T = self.unroll_length
         client_id = stream.client_id
         size_limit = codec.max_step_bytes(spec, num_envs)
+        keys = rollout.env_keys(spec)
         # [T+1, E, ...]: the stream's E envs side by side, as the model wants them.
         buffers = {
             key: value.transpose(0, 1).contiguous()
@@ -82,14 +83,13 @@ class StreamRollouts:
         core_state = initial_core_state = tuple(
             s.expand(-1, num_envs, -1).contiguous() for s in self.inference.initial_core_state
         )
+        fields, observation = first_step
+        # The env side sends no last action: the learner knows the one it answered.
+        env_output = {"frame": observation, "last_action": np.zeros(num_envs, np.int64), **fields}
+        agent_output = rollout.first_agent_output(num_envs, spec.num_actions)
         t = 0
-
-        def write(index: int, fields: dict[str, np.ndarray], observation: np.ndarray) -> None:
-            arrays["frame"][index] = observation  # the one copy out of the message
-            for name, values in fields.items():
-                arrays[name][index] = values
-
-        write(0, *first_step)
+        # The frame's one copy out of the message is this numpy write.
+        rollout.write_step(arrays, 0, keys, env_output, agent_output)
         try:
             while True:
                 env_inputs = {key: buffers[key][t : t + 1] for key in rollout.ENV_KEYS}
@@ -101,11 +101,9 @@ class StreamRollouts:
                     break
                 # A bad Step raises before t moves on.
                 fields, observation = codec.read_step(message, spec, num_envs, size_limit)
-                write(t + 1, fields, observation)
+                env_output = {"frame": observation, "last_action": actions.numpy(), **fields}
                 t += 1
-                buffers["last_action"][t] = actions
-                for key in rollout.AGENT_KEYS:
-                    buffers[key][t] = agent_output[key]
+                rollout.write_step(arrays, t, keys, env_output, agent_output)
                 for env in np.flatnonzero(fields["episode_end"]):
                     self.episodes.write(
                         client_id_of(client_id, env, num_envs),
@@ -115,8 +113,8 @@ class StreamRollouts:
                     )
                 if t == T:
                     self._deliver(stream.serial, buffers, T, initial_core_state)
-                    for value in buffers.values():
-                        value[0] = value[T]
+                    # Step 0 repeats the last step of the previous rollout.
+                    rollout.write_step(arrays, 0, keys, env_output, agent_output)
                     initial_core_state, t = core_state, 0
         finally:  # also when the peer went away (grpc.RpcError): a disconnect
             if not self.stopping.is_set():

@@ -1,0 +1,110 @@
+"""The one rollout layout every runtime writes (``core.rollout.write_step``): step t holds
+the env's output at t and the action, chosen at t - 1, that led there; step 0 repeats the
+last step of the previous rollout. Checked on the actors' Unroller (MonoBeast, RayBeast)
+and on PolyBeast's learner end of a stream, each stepping real CartPole environments."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from torchbeast import envs
+from torchbeast.config.flags import parse_flags
+from torchbeast.config.parsers import make_poly_parser
+from torchbeast.config.settings import Settings, build_settings
+from torchbeast.core import rollout
+from torchbeast.core.models import create_model, model_config
+from torchbeast.runtime.acting import Unroller
+from torchbeast.runtime.poly import codec
+from torchbeast.runtime.poly.episodes_log import EpisodeLog
+from torchbeast.runtime.poly.inference import StreamInference
+from torchbeast.runtime.poly.stream_limits import Stream, StreamMemory
+from torchbeast.runtime.poly.stream_rollouts import StreamRollouts
+from torchbeast.runtime.queues import RolloutQueue
+
+T, E, ROLLOUTS = 4, 3, 15  # 60 steps: every env ends an episode (random play: ~22)
+
+
+def small_settings() -> Settings:
+    argv = ["--env", "CartPole-v1", "--num_actors", "1", "--envs_per_actor", str(E)]
+    argv += ["--unroll_length", str(T), "--batch_size", str(E), "--seed", "3"]
+    return build_settings(parse_flags(argv, make_poly_parser()), "poly")
+
+
+def assert_layout(rollouts: list[dict[str, torch.Tensor]], model: torch.nn.Module) -> None:
+    """``rollouts``: one env's consecutive rollouts, name -> [T+1, ...]."""
+    ended = 0
+    for steps in rollouts:
+        # The action chosen at t - 1 is the one the env reports at t as its last.
+        assert torch.equal(steps["last_action"][1:], steps["action"][1:])
+        # ... chosen from the outputs of the model on the frame of step t - 1.
+        inputs = {key: steps[key][:-1].unsqueeze(1) for key in rollout.ENV_KEYS}  # [T, 1]
+        with torch.no_grad():
+            outputs, _ = model(inputs, (), act=False)
+        torch.testing.assert_close(outputs["policy_logits"][:, 0], steps["policy_logits"][1:])
+        torch.testing.assert_close(outputs["baseline"][:, 0], steps["baseline"][1:])
+        ended += int(steps["episode_end"][1:].sum())
+    for before, after in zip(rollouts, rollouts[1:], strict=False):
+        for key in before:
+            assert torch.equal(after[key][0], before[key][T]), key
+    assert ended > 0  # the layout held across an episode's end and reset
+
+
+def test_actors_write_the_rollout_layout():
+    settings = small_settings()
+    spec = envs.env_spec(settings.env)
+    config = model_config(settings.model, spec.observation_shape)
+    unroller = Unroller(settings, spec, config, seed=settings.env.seed)
+    try:
+        core_states = tuple(torch.zeros(E, *s.shape[::2]) for s in unroller.model.initial_state(1))
+        columns: list[list[dict]] = [[] for _ in range(E)]
+        for _ in range(ROLLOUTS):
+            buffers = rollout.allocate(spec, T, E)  # [E, T+1, ...]: fresh, as from a pool
+            unroller.unroll(buffers, torch.arange(E), core_states)
+            for env in range(E):
+                columns[env].append({key: value[env] for key, value in buffers.items()})
+        for env in range(E):
+            assert_layout(columns[env], unroller.model)
+    finally:
+        unroller.close()
+
+
+def test_polybeast_streams_write_the_rollout_layout(tmp_path):
+    settings = small_settings()
+    spec = envs.env_spec(settings.env)
+    config = model_config(settings.model, spec.observation_shape)
+    model = create_model(config, spec.observation_shape, spec.num_actions)
+    inference = StreamInference(model, config, spec, settings.runtime)
+    stopping = threading.Event()
+    queue = RolloutQueue(ROLLOUTS * E + E, stopping)
+    episodes = EpisodeLog(str(tmp_path / "episodes.csv"))
+    rollouts = StreamRollouts(T, inference, episodes, queue, StreamMemory(64), stopping)
+    env = envs.create_env(settings.env, num_envs=E, num_threads=1)
+    sent: list[np.ndarray] = []
+
+    def steps():  # the env side of the stream: a Step for each Action
+        yield codec.step_message(env.reset(seed=3))
+        while True:
+            yield codec.step_message(env.step(sent[-1]))
+
+    try:
+        stream = Stream(serial=0, cancel=lambda: None)
+        answers = rollouts.act(steps(), stream, spec, E)
+        for _ in range(ROLLOUTS * T + 1):
+            sent.append(np.asarray(next(answers).action))
+        stopping.set()  # the stream ends on a full rollout: nothing partial to deliver
+        answers.close()
+        columns: list[list[dict]] = [[] for _ in range(E)]
+        while not queue.items.empty():
+            column, _, (_, env_index) = queue.items.get()
+            assert column.pop("mask").all()
+            columns[env_index].append(column)
+        assert [len(c) for c in columns] == [ROLLOUTS] * E
+        for env_index in range(E):
+            assert_layout(columns[env_index], inference.model)
+    finally:
+        inference.close()
+        episodes.close()
+        env.close()
