@@ -81,7 +81,7 @@ def in_folder(flags: argparse.Namespace, folder: str) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     flags = parse_flags(argv, make_bench_parser(list(RUNTIMES)))
-    setup_console_logging()
+    setup_console_logging(flags.suppress_logs)
     result: dict = {}
     trainer: Trainer | None = None
 

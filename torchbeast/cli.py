@@ -13,6 +13,7 @@ from torchbeast import evaluation
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.settings import Settings, build_settings
 from torchbeast.core.errors import UserError
+from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.registry import RUNTIMES
 
 # gym's DependencyNotInstalled: e.g. --mode test_render of CartPole without pygame.
@@ -55,6 +56,8 @@ def run(
     mode = settings.run.mode
     if mode == "train":
         train = train or RUNTIMES[runtime].train
+        # Before the runtime starts: its first lines (listening, connecting) obey it too.
+        setup_console_logging(settings.run.suppress_logs)
         return report_errors(lambda: train(settings))
     if mode == "eval":
         return report_errors(lambda: evaluation.evaluate(settings))

@@ -40,7 +40,6 @@ from torchbeast.core import rollout
 from torchbeast.core.models import create_model
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.acting import Unroller, actor_seed
-from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.processes import die_with_parent
 from torchbeast.runtime.supervision import (
     STOP_SIGNALS,
@@ -397,7 +396,6 @@ class MonoTrainer(Trainer):
 @contextlib.contextmanager
 def session(settings: Settings) -> Iterator[MonoTrainer]:
     """A trainer ready to start its actor processes (which its ``train`` stops)."""
-    setup_console_logging(settings.run.suppress_logs)
     yield MonoTrainer(settings)
 
 

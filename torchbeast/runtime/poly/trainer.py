@@ -18,7 +18,6 @@ from torchbeast.config.poly import env_side_of
 from torchbeast.config.settings import RunSettings, Settings
 from torchbeast.core import checkpoint
 from torchbeast.core.spec import EnvSpec
-from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.poly import env_side
 from torchbeast.runtime.poly.learner_end import PolyActorPool
 from torchbeast.runtime.processes import process_cpu_seconds
@@ -93,7 +92,6 @@ def session(settings: Settings, start_envs: bool = True) -> Iterator[PolyTrainer
     clients), and stops them at the end; ``polybeast_learner`` starts none."""
     processes = env_side.start_processes(env_side_of(settings)) if start_envs else []
     try:
-        setup_console_logging(settings.run.suppress_logs)
         check_run_dir(settings.run)
         spec = learner_spec(settings)
         limit_intra_op_threads(settings)

@@ -16,7 +16,6 @@ from torch import nn
 
 from torchbeast import envs
 from torchbeast.config.settings import Settings
-from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.ray.actor_pool import RayActorPool
 from torchbeast.runtime.ray.actors import RayWeights
 from torchbeast.runtime.supervision import last_line, signals_blocked
@@ -77,7 +76,6 @@ def connect(settings: Settings) -> str:
 def session(settings: Settings) -> Iterator[RayTrainer]:
     """A trainer on a running Ray (a local instance started here, or --ray_address);
     a local instance is stopped at the end."""
-    setup_console_logging(settings.run.suppress_logs)
     connected = connect(settings)
     try:
         yield RayTrainer(settings, connected)
