@@ -31,12 +31,11 @@ import torch
 from torch import nn
 
 from torchbeast.core import losses, vtrace
+from torchbeast.core.diagnostics import diagnostics, mean_or_nan
 from torchbeast.core.models import CoreState
+from torchbeast.core.optim import lr_lambda, make_optimizer
 from torchbeast.core.spec import extra_key
 from torchbeast.core.value_scale import ValueScale
-
-# An importance weight counts as clipped when it exceeds V-trace's clip at 1 by 1%.
-CLIP_MARGIN = math.log(1.01)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -71,123 +70,6 @@ class LearnerSettings:
     total_steps: int
     batch_size: int
     unroll_length: int
-
-
-def lr_lambda(settings: LearnerSettings) -> Callable[[int], float]:
-    """Learning-rate factor falling linearly from 1 to 0 at ``total_steps``.
-
-    It counts T * B steps per update, also for batches with padded (masked) steps, so with
-    partial rollouts the rate reaches 0 a little before ``Learner.step`` reaches
-    ``total_steps``; partial rollouts are rare (disconnects), so the difference is small.
-    """
-    steps_per_update = settings.unroll_length * settings.batch_size
-    total_steps = settings.total_steps
-
-    def factor(update: int) -> float:
-        return 1.0 - min(update * steps_per_update, total_steps) / total_steps
-
-    return factor
-
-
-def make_optimizer(settings: LearnerSettings, model: nn.Module) -> torch.optim.Optimizer:
-    """RMSprop (TorchBeast's) or Adam, from ``--optimizer``."""
-    if settings.optimizer == "adam":
-        return torch.optim.Adam(
-            model.parameters(), lr=settings.learning_rate, eps=settings.adam_epsilon
-        )
-    optimizer = torch.optim.RMSprop(
-        model.parameters(),
-        lr=settings.learning_rate,
-        momentum=settings.momentum,
-        eps=settings.epsilon,
-        alpha=settings.alpha,
-    )
-    if settings.rmsprop_init > 0:
-        _start_mean_square(optimizer, settings.rmsprop_init)
-    return optimizer
-
-
-def _start_mean_square(optimizer: torch.optim.RMSprop, value: float) -> None:
-    """Starts RMSprop's running mean square of each gradient at ``value``, as TensorFlow's
-    RMSProp (IMPALA's optimizer) does, instead of PyTorch's 0.
-
-    From 0, the first step divides each gradient by ``sqrt(1 - alpha) * |g|`` and so moves
-    every weight by about 10 x LR whatever its gradient: on Pong that takes the policy from
-    uniform to near one action at the second update. From 1 the first steps are
-    ``LR * g``, and they grow to the full size as the mean square decays towards the
-    gradients' (a few hundred updates with alpha 0.99): a warm-up.
-    """
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            state = optimizer.state[param]
-            state["step"] = torch.zeros((), dtype=torch.get_default_dtype())
-            state["square_avg"] = torch.full_like(param, value)
-            if group["momentum"] > 0:
-                state["momentum_buffer"] = torch.zeros_like(param)
-            if group["centered"]:
-                state["grad_avg"] = torch.zeros_like(param)
-
-
-def mean_or_nan(values: torch.Tensor) -> float:
-    return float(values.mean()) if values.numel() else math.nan
-
-
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor | None) -> float:
-    """Mean of values [T, B] over the steps where mask is True (all when None)."""
-    if mask is not None:
-        values = values[mask.bool()]
-    return mean_or_nan(values.float())
-
-
-def explained_variance(targets: torch.Tensor, predictions: torch.Tensor) -> float:
-    """1 - Var(targets - predictions) / Var(targets): 1 is a perfect value function, 0 is
-    no better than a constant, below 0 worse than one. NaN when the targets are constant."""
-    if targets.numel() < 2:
-        return math.nan
-    variance = float(targets.var())
-    if variance == 0.0:
-        return math.nan
-    return 1.0 - float((targets - predictions).var()) / variance
-
-
-@torch.no_grad()
-def diagnostics(
-    learner_outputs: dict[str, torch.Tensor],
-    batch: dict[str, torch.Tensor],
-    vtrace_returns: vtrace.VTraceFromLogitsReturns,
-    online: torch.Tensor | None,
-    real: torch.Tensor,
-) -> dict[str, float]:
-    """What tells a researcher whether a run learns, per update:
-
-    - ``policy_entropy``: the learner policy's entropy, nats per step (ln A is uniform);
-    - ``policy_kl``: KL(learner policy || behaviour policy), nats per step;
-    - ``clipped_rho_fraction``: steps whose importance weight pi/mu V-trace clipped at 1
-      (by more than 1%, so that float noise does not count);
-    - ``explained_variance``: how much of the V-trace targets' variance the baseline
-      explains;
-    - ``policy_lag``: how many updates old the weights were that chose the actions.
-
-    All over the online steps (``online`` [T, B], or every ``real`` step when None).
-    """
-    logits = learner_outputs["policy_logits"]  # [T, B, A]
-    log_policy = torch.log_softmax(logits, dim=-1)
-    entropy = -torch.sum(log_policy.exp() * log_policy, dim=-1)  # [T, B]
-    kl = losses.policy_kl(logits, batch["policy_logits"])  # [T, B]
-    # Clipped beyond float noise between the actors' and the learner's forward passes.
-    clipped = (vtrace_returns.log_rhos > CLIP_MARGIN).float()  # [T, B]
-    steps = real if online is None else online.bool()  # online steps only, no replay
-    stats = {
-        "policy_entropy": _masked_mean(entropy, steps),
-        "policy_kl": _masked_mean(kl, steps),
-        "clipped_rho_fraction": _masked_mean(clipped, steps),
-        "explained_variance": explained_variance(
-            vtrace_returns.vs[steps], learner_outputs["baseline"][steps]
-        ),
-    }
-    if "policy_version" in batch:
-        stats["policy_version"] = _masked_mean(batch["policy_version"], steps)
-    return stats
 
 
 @dataclasses.dataclass
