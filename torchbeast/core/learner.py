@@ -17,6 +17,9 @@ replayed. A replayed state whose behaviour policy is further than
 ``--trust_region_threshold`` (KL, in nats) from the current policy is treated like a
 padded step: cut from the V-trace traces and left out of every loss term. The entropy
 term, the step count and the episode statistics use online columns only.
+
+The losses are computed by ``core.loss_terms``, the optimizer built by ``core.optim``, the
+per-update diagnostics by ``core.diagnostics``.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from torchbeast.core import losses, vtrace
 from torchbeast.core.diagnostics import diagnostics, mean_or_nan
+from torchbeast.core.loss_terms import LossTerms, loss_terms
 from torchbeast.core.models import CoreState
 from torchbeast.core.optim import lr_lambda, make_optimizer
 from torchbeast.core.spec import extra_key
@@ -70,26 +73,6 @@ class LearnerSettings:
     total_steps: int
     batch_size: int
     unroll_length: int
-
-
-@dataclasses.dataclass
-class LossTerms:
-    """One pass's losses (scalars with gradient) and the tensors they came from, [T, B]:
-    the batch without its overlap step and the outputs without the bootstrap step."""
-
-    total_loss: torch.Tensor
-    pg_loss: torch.Tensor
-    baseline_loss: torch.Tensor
-    entropy_loss: torch.Tensor
-    batch: dict[str, torch.Tensor]
-    learner_outputs: dict[str, torch.Tensor]
-    vtrace_returns: vtrace.VTraceFromLogitsReturns
-    real: torch.Tensor  # real (not padded) steps
-    online: torch.Tensor  # real steps of online columns
-    loss_mask: torch.Tensor | None  # steps in the policy and baseline losses
-    entropy_mask: torch.Tensor | None  # steps in the entropy loss: online ones
-    trusted_fraction: float
-    num_online: int
 
 
 class Learner:
@@ -198,76 +181,8 @@ class Learner:
         num_online: int | None,
     ) -> LossTerms:
         """The V-trace losses of ``batch`` under the current weights, and what they used."""
-        settings = self.settings
-        learner_outputs, _ = self.model(batch, initial_core_state, act=False)
-        scale = self.value_scale.scale  # the baseline head predicts V / scale
-        if self.value_scale.enabled:
-            learner_outputs["baseline"] = scale * learner_outputs["baseline"]  # [T+1, B]
-
-        # The last baseline bootstraps the value beyond the rollout.
-        bootstrap_value = learner_outputs["baseline"][-1]  # [B]
-        # Drop the overlap step of the batch and the bootstrap step of the outputs.
-        batch = {key: tensor[1:] for key, tensor in batch.items()}
-        learner_outputs = {key: tensor[:-1] for key, tensor in learner_outputs.items()}
-        mask = batch.get("mask")  # [T, B] True for real new steps, or None: all real
-        T, B = batch["reward"].shape
-        num_online = B if num_online is None else num_online
-        real = torch.ones(T, B, dtype=torch.bool, device=batch["reward"].device)
-        if mask is not None:
-            real = mask.bool()
-        online = torch.zeros_like(real)  # [T, B] real steps of online columns
-        online[:, :num_online] = real[:, :num_online]
-        loss_mask, entropy_mask, trusted_fraction = mask, mask, math.nan
-        if num_online < B:
-            kl = losses.policy_kl(
-                learner_outputs["policy_logits"], batch["policy_logits"]
-            )  # [T, B]
-            trusted = kl <= settings.trust_region_threshold
-            replayed = real & ~online
-            trusted_fraction = float((trusted & replayed).sum()) / max(int(replayed.sum()), 1)
-            loss_mask = online | (replayed & trusted)  # [T, B]
-            entropy_mask = online
-
-        rewards = losses.clip_rewards(batch["reward"], settings.reward_clipping)  # [T, B]
-        discounts = (~batch["done"]).float() * settings.discounting  # [T, B]
-
-        vtrace_returns = vtrace.from_logits(
-            behavior_policy_logits=batch["policy_logits"],
-            target_policy_logits=learner_outputs["policy_logits"],
-            actions=batch["action"],
-            discounts=discounts,
-            rewards=rewards,
-            values=learner_outputs["baseline"],
-            bootstrap_value=bootstrap_value,
-            mask=loss_mask,
-        )
-        advantages = vtrace_returns.pg_advantages / scale  # [T, B]
-        if settings.normalize_advantages:
-            advantages = losses.normalize(advantages, loss_mask)
-
-        pg_loss = losses.policy_gradient_loss(
-            learner_outputs["policy_logits"], batch["action"], advantages, mask=loss_mask
-        )
-        baseline_loss = settings.baseline_cost * losses.baseline_loss(
-            (vtrace_returns.vs - learner_outputs["baseline"]) / scale, mask=loss_mask
-        )
-        entropy_loss = settings.entropy_cost * losses.entropy_loss(
-            learner_outputs["policy_logits"], mask=entropy_mask
-        )
-        return LossTerms(
-            total_loss=pg_loss + baseline_loss + entropy_loss,
-            pg_loss=pg_loss,
-            baseline_loss=baseline_loss,
-            entropy_loss=entropy_loss,
-            batch=batch,
-            learner_outputs=learner_outputs,
-            vtrace_returns=vtrace_returns,
-            real=real,
-            online=online,
-            loss_mask=loss_mask,
-            entropy_mask=entropy_mask,
-            trusted_fraction=trusted_fraction,
-            num_online=num_online,
+        return loss_terms(
+            self.settings, self.model, self.value_scale, batch, initial_core_state, num_online
         )
 
     def _apply(self, total_loss: torch.Tensor) -> float:
