@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from tests.settings_for_tests import Setup, setup
 from torchbeast.core import losses, vtrace
-from torchbeast.core.learner import Learner, NonFiniteLossError, explained_variance
+from torchbeast.core.diagnostics import explained_variance
+from torchbeast.core.learner import Learner, NonFiniteLossError
 from torchbeast.core.models import create_model, model_config
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from torchbeast import learncheck
+from torchbeast.curves import read_logs
 from torchbeast.envs import create_env
 from torchbeast.envs.cue import ENV_ID
-from torchbeast.plot import read_logs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BAR = 0.8

@@ -1,4 +1,4 @@
-"""Tests for torchbeast.plot: reading logs.csv and writing learning-curve PNGs."""
+"""Tests for torchbeast.plot and torchbeast.curves: reading logs.csv, writing curve PNGs."""
 
 import math
 from pathlib import Path
@@ -7,7 +7,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from torchbeast import plot
+from torchbeast import curves, plot
 
 HEADER = (
     "# _tick,_time,step,total_loss,mean_episode_return,pg_loss,baseline_loss,entropy_loss,sps\n"
@@ -44,7 +44,7 @@ def assert_is_png_figure(path: Path) -> None:
 def test_read_logs_parses_every_column_as_floats(tmp_path):
     folder = write_run(tmp_path, "run")
 
-    logs = plot.read_logs(folder / "logs.csv")
+    logs = curves.read_logs(folder / "logs.csv")
 
     assert list(logs) == [
         "_tick",
@@ -66,7 +66,7 @@ def test_read_logs_parses_every_column_as_floats(tmp_path):
 def test_read_logs_reads_empty_cell_as_nan(tmp_path):
     folder = write_run(tmp_path, "run")
 
-    returns = plot.read_logs(folder / "logs.csv")["mean_episode_return"]
+    returns = curves.read_logs(folder / "logs.csv")["mean_episode_return"]
 
     assert math.isnan(returns[0])
     assert returns[1:].tolist() == [-21.0, -20.5]
@@ -75,7 +75,7 @@ def test_read_logs_reads_empty_cell_as_nan(tmp_path):
 def test_read_logs_rereads_field_names_after_resume_header(tmp_path):
     folder = write_run(tmp_path, "run", HEADER + ROWS + RESUMED)
 
-    logs = plot.read_logs(folder / "logs.csv")
+    logs = curves.read_logs(folder / "logs.csv")
 
     assert logs["step"].tolist() == [3200.0, 6400.0, 9600.0, 12800.0]
     assert logs["mean_episode_return"][1:].tolist() == [-21.0, -20.5, -19.0]
@@ -86,19 +86,19 @@ def test_read_logs_rereads_field_names_after_resume_header(tmp_path):
 def test_read_logs_accepts_run_folder(tmp_path):
     folder = write_run(tmp_path, "run")
 
-    assert plot.read_logs(folder)["step"].tolist() == [3200.0, 6400.0, 9600.0]
+    assert curves.read_logs(folder)["step"].tolist() == [3200.0, 6400.0, 9600.0]
 
 
 def test_smooth_is_trailing_mean_over_window():
-    smoothed = plot.smooth(np.array([1.0, 3.0, 5.0, 7.0]), 2)
+    smoothed = curves.smooth(np.array([1.0, 3.0, 5.0, 7.0]), 2)
 
     assert smoothed.tolist() == [1.0, 2.0, 4.0, 6.0]
 
 
 def test_return_curve_drops_rows_without_return(tmp_path):
-    logs = plot.read_logs(write_run(tmp_path, "run"))
+    logs = curves.read_logs(write_run(tmp_path, "run"))
 
-    steps, returns = plot.return_curve(logs)
+    steps, returns = curves.return_curve(logs)
 
     assert steps.tolist() == [6400.0, 9600.0]
     assert returns.tolist() == [-21.0, -20.5]
@@ -106,9 +106,9 @@ def test_return_curve_drops_rows_without_return(tmp_path):
 
 def test_sps_curve_averages_steps_over_the_time_window_without_sps_column(tmp_path):
     text = "# _tick,_time,step\n0,100.0,0\n1,102.0,3200\n2,106.0,6400\n3,120.0,8000\n"
-    logs = plot.read_logs(write_run(tmp_path, "run", text))
+    logs = curves.read_logs(write_run(tmp_path, "run", text))
 
-    steps, sps = plot.sps_curve(logs, window_s=10.0)
+    steps, sps = curves.sps_curve(logs, window_s=10.0)
 
     assert steps.tolist() == [3200.0, 6400.0, 8000.0]
     # Rows within the last 10 s: 6400 over 6 s; the last row has none, so its predecessor.
@@ -117,9 +117,9 @@ def test_sps_curve_averages_steps_over_the_time_window_without_sps_column(tmp_pa
 
 def test_sps_curve_drops_points_where_steps_go_back(tmp_path):
     text = "# _tick,_time,step\n0,100.0,3200\n1,102.0,0\n2,104.0,3200\n"
-    logs = plot.read_logs(write_run(tmp_path, "run", text))
+    logs = curves.read_logs(write_run(tmp_path, "run", text))
 
-    steps, sps = plot.sps_curve(logs, window_s=1.0)
+    steps, sps = curves.sps_curve(logs, window_s=1.0)
 
     assert steps.tolist() == [3200.0]
     assert sps.tolist() == [1600.0]

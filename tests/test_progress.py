@@ -3,7 +3,7 @@ trainer, the mean return and the policy entropy)."""
 
 import pytest
 
-from torchbeast.runtime.training import format_duration, progress_text
+from torchbeast.runtime.progress import format_duration, progress_text
 
 
 def test_progress_says_steps_of_the_total_percentage_speed_and_time_left():

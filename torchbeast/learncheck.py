@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from torchbeast.plot import read_logs
+from torchbeast.curves import read_logs
 
 POLL_S = 1.0
 

@@ -17,6 +17,9 @@ replayed. A replayed state whose behaviour policy is further than
 ``--trust_region_threshold`` (KL, in nats) from the current policy is treated like a
 padded step: cut from the V-trace traces and left out of every loss term. The entropy
 term, the step count and the episode statistics use online columns only.
+
+The losses are computed by ``core.loss_terms``, the optimizer built by ``core.optim``, the
+per-update diagnostics by ``core.diagnostics``.
 """
 
 from __future__ import annotations
@@ -30,13 +33,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from torchbeast.core import losses, vtrace
+from torchbeast.core.diagnostics import diagnostics, mean_or_nan
+from torchbeast.core.loss_terms import LossTerms, loss_terms
 from torchbeast.core.models import CoreState
+from torchbeast.core.optim import lr_lambda, make_optimizer
 from torchbeast.core.spec import extra_key
 from torchbeast.core.value_scale import ValueScale
-
-# An importance weight counts as clipped when it exceeds V-trace's clip at 1 by 1%.
-CLIP_MARGIN = math.log(1.01)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -71,143 +73,6 @@ class LearnerSettings:
     total_steps: int
     batch_size: int
     unroll_length: int
-
-
-def lr_lambda(settings: LearnerSettings) -> Callable[[int], float]:
-    """Learning-rate factor falling linearly from 1 to 0 at ``total_steps``.
-
-    It counts T * B steps per update, also for batches with padded (masked) steps, so with
-    partial rollouts the rate reaches 0 a little before ``Learner.step`` reaches
-    ``total_steps``; partial rollouts are rare (disconnects), so the difference is small.
-    """
-    steps_per_update = settings.unroll_length * settings.batch_size
-    total_steps = settings.total_steps
-
-    def factor(update: int) -> float:
-        return 1.0 - min(update * steps_per_update, total_steps) / total_steps
-
-    return factor
-
-
-def make_optimizer(settings: LearnerSettings, model: nn.Module) -> torch.optim.Optimizer:
-    """RMSprop (TorchBeast's) or Adam, from ``--optimizer``."""
-    if settings.optimizer == "adam":
-        return torch.optim.Adam(
-            model.parameters(), lr=settings.learning_rate, eps=settings.adam_epsilon
-        )
-    optimizer = torch.optim.RMSprop(
-        model.parameters(),
-        lr=settings.learning_rate,
-        momentum=settings.momentum,
-        eps=settings.epsilon,
-        alpha=settings.alpha,
-    )
-    if settings.rmsprop_init > 0:
-        _start_mean_square(optimizer, settings.rmsprop_init)
-    return optimizer
-
-
-def _start_mean_square(optimizer: torch.optim.RMSprop, value: float) -> None:
-    """Starts RMSprop's running mean square of each gradient at ``value``, as TensorFlow's
-    RMSProp (IMPALA's optimizer) does, instead of PyTorch's 0.
-
-    From 0, the first step divides each gradient by ``sqrt(1 - alpha) * |g|`` and so moves
-    every weight by about 10 x LR whatever its gradient: on Pong that takes the policy from
-    uniform to near one action at the second update. From 1 the first steps are
-    ``LR * g``, and they grow to the full size as the mean square decays towards the
-    gradients' (a few hundred updates with alpha 0.99): a warm-up.
-    """
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            state = optimizer.state[param]
-            state["step"] = torch.zeros((), dtype=torch.get_default_dtype())
-            state["square_avg"] = torch.full_like(param, value)
-            if group["momentum"] > 0:
-                state["momentum_buffer"] = torch.zeros_like(param)
-            if group["centered"]:
-                state["grad_avg"] = torch.zeros_like(param)
-
-
-def mean_or_nan(values: torch.Tensor) -> float:
-    return float(values.mean()) if values.numel() else math.nan
-
-
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor | None) -> float:
-    """Mean of values [T, B] over the steps where mask is True (all when None)."""
-    if mask is not None:
-        values = values[mask.bool()]
-    return mean_or_nan(values.float())
-
-
-def explained_variance(targets: torch.Tensor, predictions: torch.Tensor) -> float:
-    """1 - Var(targets - predictions) / Var(targets): 1 is a perfect value function, 0 is
-    no better than a constant, below 0 worse than one. NaN when the targets are constant."""
-    if targets.numel() < 2:
-        return math.nan
-    variance = float(targets.var())
-    if variance == 0.0:
-        return math.nan
-    return 1.0 - float((targets - predictions).var()) / variance
-
-
-@torch.no_grad()
-def diagnostics(
-    learner_outputs: dict[str, torch.Tensor],
-    batch: dict[str, torch.Tensor],
-    vtrace_returns: vtrace.VTraceFromLogitsReturns,
-    online: torch.Tensor | None,
-    real: torch.Tensor,
-) -> dict[str, float]:
-    """What tells a researcher whether a run learns, per update:
-
-    - ``policy_entropy``: the learner policy's entropy, nats per step (ln A is uniform);
-    - ``policy_kl``: KL(learner policy || behaviour policy), nats per step;
-    - ``clipped_rho_fraction``: steps whose importance weight pi/mu V-trace clipped at 1
-      (by more than 1%, so that float noise does not count);
-    - ``explained_variance``: how much of the V-trace targets' variance the baseline
-      explains;
-    - ``policy_lag``: how many updates old the weights were that chose the actions.
-
-    All over the online steps (``online`` [T, B], or every ``real`` step when None).
-    """
-    logits = learner_outputs["policy_logits"]  # [T, B, A]
-    log_policy = torch.log_softmax(logits, dim=-1)
-    entropy = -torch.sum(log_policy.exp() * log_policy, dim=-1)  # [T, B]
-    kl = losses.policy_kl(logits, batch["policy_logits"])  # [T, B]
-    # Clipped beyond float noise between the actors' and the learner's forward passes.
-    clipped = (vtrace_returns.log_rhos > CLIP_MARGIN).float()  # [T, B]
-    steps = real if online is None else online.bool()  # online steps only, no replay
-    stats = {
-        "policy_entropy": _masked_mean(entropy, steps),
-        "policy_kl": _masked_mean(kl, steps),
-        "clipped_rho_fraction": _masked_mean(clipped, steps),
-        "explained_variance": explained_variance(
-            vtrace_returns.vs[steps], learner_outputs["baseline"][steps]
-        ),
-    }
-    if "policy_version" in batch:
-        stats["policy_version"] = _masked_mean(batch["policy_version"], steps)
-    return stats
-
-
-@dataclasses.dataclass
-class LossTerms:
-    """One pass's losses (scalars with gradient) and the tensors they came from, [T, B]:
-    the batch without its overlap step and the outputs without the bootstrap step."""
-
-    total_loss: torch.Tensor
-    pg_loss: torch.Tensor
-    baseline_loss: torch.Tensor
-    entropy_loss: torch.Tensor
-    batch: dict[str, torch.Tensor]
-    learner_outputs: dict[str, torch.Tensor]
-    vtrace_returns: vtrace.VTraceFromLogitsReturns
-    real: torch.Tensor  # real (not padded) steps
-    online: torch.Tensor  # real steps of online columns
-    loss_mask: torch.Tensor | None  # steps in the policy and baseline losses
-    entropy_mask: torch.Tensor | None  # steps in the entropy loss: online ones
-    trusted_fraction: float
-    num_online: int
 
 
 class Learner:
@@ -316,76 +181,8 @@ class Learner:
         num_online: int | None,
     ) -> LossTerms:
         """The V-trace losses of ``batch`` under the current weights, and what they used."""
-        settings = self.settings
-        learner_outputs, _ = self.model(batch, initial_core_state, act=False)
-        scale = self.value_scale.scale  # the baseline head predicts V / scale
-        if self.value_scale.enabled:
-            learner_outputs["baseline"] = scale * learner_outputs["baseline"]  # [T+1, B]
-
-        # The last baseline bootstraps the value beyond the rollout.
-        bootstrap_value = learner_outputs["baseline"][-1]  # [B]
-        # Drop the overlap step of the batch and the bootstrap step of the outputs.
-        batch = {key: tensor[1:] for key, tensor in batch.items()}
-        learner_outputs = {key: tensor[:-1] for key, tensor in learner_outputs.items()}
-        mask = batch.get("mask")  # [T, B] True for real new steps, or None: all real
-        T, B = batch["reward"].shape
-        num_online = B if num_online is None else num_online
-        real = torch.ones(T, B, dtype=torch.bool, device=batch["reward"].device)
-        if mask is not None:
-            real = mask.bool()
-        online = torch.zeros_like(real)  # [T, B] real steps of online columns
-        online[:, :num_online] = real[:, :num_online]
-        loss_mask, entropy_mask, trusted_fraction = mask, mask, math.nan
-        if num_online < B:
-            kl = losses.policy_kl(
-                learner_outputs["policy_logits"], batch["policy_logits"]
-            )  # [T, B]
-            trusted = kl <= settings.trust_region_threshold
-            replayed = real & ~online
-            trusted_fraction = float((trusted & replayed).sum()) / max(int(replayed.sum()), 1)
-            loss_mask = online | (replayed & trusted)  # [T, B]
-            entropy_mask = online
-
-        rewards = losses.clip_rewards(batch["reward"], settings.reward_clipping)  # [T, B]
-        discounts = (~batch["done"]).float() * settings.discounting  # [T, B]
-
-        vtrace_returns = vtrace.from_logits(
-            behavior_policy_logits=batch["policy_logits"],
-            target_policy_logits=learner_outputs["policy_logits"],
-            actions=batch["action"],
-            discounts=discounts,
-            rewards=rewards,
-            values=learner_outputs["baseline"],
-            bootstrap_value=bootstrap_value,
-            mask=loss_mask,
-        )
-        advantages = vtrace_returns.pg_advantages / scale  # [T, B]
-        if settings.normalize_advantages:
-            advantages = losses.normalize(advantages, loss_mask)
-
-        pg_loss = losses.policy_gradient_loss(
-            learner_outputs["policy_logits"], batch["action"], advantages, mask=loss_mask
-        )
-        baseline_loss = settings.baseline_cost * losses.baseline_loss(
-            (vtrace_returns.vs - learner_outputs["baseline"]) / scale, mask=loss_mask
-        )
-        entropy_loss = settings.entropy_cost * losses.entropy_loss(
-            learner_outputs["policy_logits"], mask=entropy_mask
-        )
-        return LossTerms(
-            total_loss=pg_loss + baseline_loss + entropy_loss,
-            pg_loss=pg_loss,
-            baseline_loss=baseline_loss,
-            entropy_loss=entropy_loss,
-            batch=batch,
-            learner_outputs=learner_outputs,
-            vtrace_returns=vtrace_returns,
-            real=real,
-            online=online,
-            loss_mask=loss_mask,
-            entropy_mask=entropy_mask,
-            trusted_fraction=trusted_fraction,
-            num_online=num_online,
+        return loss_terms(
+            self.settings, self.model, self.value_scale, batch, initial_core_state, num_online
         )
 
     def _apply(self, total_loss: torch.Tensor) -> float:

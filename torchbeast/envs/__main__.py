@@ -4,7 +4,7 @@ import sys
 
 import gymnasium as gym
 
-from torchbeast.envs import _register_optional_envs
+from torchbeast.envs.registry import _register_optional_envs
 
 _register_optional_envs()
 pattern = sys.argv[1].lower() if len(sys.argv) > 1 else ""

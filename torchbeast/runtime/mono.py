@@ -12,22 +12,19 @@
 
 Each actor talks to the learner only through its own pipe, so an actor that is killed
 takes no lock with it: the dispatcher sees the pipe close, takes back the slots the actor
-held, and starts a new one. A learner that dies closes the pipes and the actors exit.
+held, and starts a new one. A learner that dies closes the pipes and the actors exit. The
+actor's side, and the shared weights, are ``runtime.mono_actor``'s.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
 import queue
-import signal
 import threading
-import time
-import traceback
 from collections.abc import Iterator
 
 import numpy as np
@@ -39,10 +36,8 @@ from torchbeast.config.settings import Settings
 from torchbeast.core import rollout
 from torchbeast.core.models import create_model
 from torchbeast.core.spec import EnvSpec
-from torchbeast.runtime.acting import Unroller, actor_seed
-from torchbeast.runtime.processes import die_with_parent
+from torchbeast.runtime.mono_actor import ActorShared, SharedWeights, actor_process
 from torchbeast.runtime.supervision import (
-    STOP_SIGNALS,
     RestartBudget,
     Supervised,
     join_or_kill,
@@ -54,122 +49,6 @@ from torchbeast.runtime.training import Trainer
 log = logging.getLogger("torchbeast")
 
 ACTOR_STOP_TIMEOUT_S = 5.0
-
-
-# --------------------------------------------------------------------------- weights
-
-
-class SharedWeights:
-    """Model parameters in shared memory, published with a version (a seqlock).
-
-    The version is odd while the learner writes. A reader copies, then checks that the
-    version did not move; if it did, it copies again. No lock is shared with actors, so
-    an actor killed mid-copy cannot block the learner.
-    """
-
-    def __init__(self, model: nn.Module):
-        numel = sum(p.numel() for p in model.parameters())
-        self.flat = torch.zeros(numel).share_memory_()
-        self.version = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self.policy_version = torch.zeros((), dtype=torch.int64).share_memory_()
-
-    def _views(self, model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        views, offset = [], 0
-        for param in model.parameters():
-            views.append((param, self.flat[offset : offset + param.numel()].view(param.shape)))
-            offset += param.numel()
-        return views
-
-    def publish(self, model: nn.Module) -> None:
-        self.version += 1
-        with torch.no_grad():
-            for param, shared in self._views(model):
-                shared.copy_(param)
-            if hasattr(model, "policy_version"):
-                self.policy_version.copy_(model.policy_version)
-        self.version += 1
-
-    def read_into(self, model: nn.Module, known_version: int) -> int:
-        """Copies newer weights into ``model``; returns the version it now holds."""
-        while True:
-            before = int(self.version)
-            if before == known_version:
-                return known_version
-            if before % 2:
-                time.sleep(0.0005)
-                continue
-            with torch.no_grad():
-                for param, shared in self._views(model):
-                    param.copy_(shared)
-                if hasattr(model, "policy_version"):
-                    model.policy_version.copy_(self.policy_version)
-            if int(self.version) == before:
-                return before
-
-
-# --------------------------------------------------------------------------- actor
-
-
-@dataclasses.dataclass
-class ActorShared:
-    """What every actor process receives: settings and the shared-memory tensors."""
-
-    settings: Settings
-    env_spec: EnvSpec
-    config: dict
-    buffers: dict[str, torch.Tensor]  # name -> [num_buffers, T+1, ...]
-    initial_core_states: tuple[torch.Tensor, ...]  # [num_buffers, layers, H] each
-    weights: SharedWeights
-    timings: torch.Tensor  # [num_actors, 4]: env, inference, all CPU seconds; steps
-
-
-def actor_process(
-    actor_index: int, incarnation: int, shared: ActorShared, conn: mp.connection.Connection
-) -> None:
-    """Steps ``envs_per_actor`` envs and fills the buffer slots the learner hands out."""
-    # The learner decides when actors stop, also when a signal hits the process group.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked while it started
-    die_with_parent()
-    torch.set_num_threads(1)
-    try:
-        run_actor(actor_index, incarnation, shared, conn)
-    except (EOFError, BrokenPipeError):
-        pass  # the learner went away: nothing left to do
-    except Exception:
-        try:
-            conn.send(("error", traceback.format_exc()))
-        except (OSError, EOFError):
-            pass
-        raise SystemExit(1) from None
-
-
-def run_actor(
-    actor_index: int, incarnation: int, shared: ActorShared, conn: mp.connection.Connection
-) -> None:
-    settings = shared.settings
-    seed = actor_seed(settings, actor_index, incarnation)
-    unroller = Unroller(settings, shared.env_spec, shared.config, seed)
-    version = shared.weights.read_into(unroller.model, -1)
-    cpu_mark = time.process_time()
-    conn.send(("ready", []))
-
-    while True:
-        slots = conn.recv()
-        if slots is None:
-            break
-        unroller.unroll(shared.buffers, torch.tensor(slots), shared.initial_core_states)
-        now = time.process_time()
-        env_time, inference_time = unroller.take_times()
-        shared.timings[actor_index] += torch.tensor(
-            [env_time, inference_time, now - cpu_mark, unroller.unroll_length * len(slots)],
-            dtype=torch.float64,
-        )
-        cpu_mark = now
-        conn.send(("full", slots))
-        version = shared.weights.read_into(unroller.model, version)
-    unroller.close()
 
 
 # --------------------------------------------------------------------------- actor pool

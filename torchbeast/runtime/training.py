@@ -3,7 +3,9 @@
 A runtime provides a *pool*: it starts actors, hands the learner batches of rollouts
 (``get_batch``), and reports a failure that ends the run (``error``). With LASER
 (``--replay_size`` > 0) every online batch also goes into one replay shared by all actors,
-and each update learns from B online + B * ``--replay_ratio`` replayed rollouts.
+and each update learns from B online + B * ``--replay_ratio`` replayed rollouts. The
+Trainer's progress lines come from ``runtime.progress``, its checkpoint from
+``runtime.checkpointing``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from torch import nn
 
 from torchbeast import envs
 from torchbeast.config.settings import ReplaySettings, Settings
-from torchbeast.core import checkpoint
 from torchbeast.core.errors import UserError
 from torchbeast.core.filewriter import FileWriter
 from torchbeast.core.learner import Learner, NonFiniteLossError
@@ -31,12 +32,11 @@ from torchbeast.core.models import count_parameters, create_model, model_config
 from torchbeast.core.replay import Replay
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime.checkpointing import Checkpointing
 from torchbeast.runtime.console import setup_console_logging
+from torchbeast.runtime.progress import PROGRESS_INTERVAL_S, ProgressReporting
 
 log = logging.getLogger("torchbeast")
-progress_log = logging.getLogger("torchbeast.progress")  # the lines --suppress_logs keeps
-
-PROGRESS_INTERVAL_S = 5.0
 
 
 class TrainingError(UserError, RuntimeError):
@@ -61,7 +61,7 @@ class Pool(Protocol):
         ...
 
 
-class Trainer:
+class Trainer(ProgressReporting, Checkpointing):
     """Wires learner, actors, logging and checkpoints together for one training run.
 
     A runtime subclasses it with ``create_pool`` (how rollouts arrive) and ``publish``
@@ -120,38 +120,6 @@ class Trainer:
         actor inference, and the rest of the actors' time."""
         env_cpu, inference_cpu, actor_cpu, _ = self.pool.timing_totals()
         return np.array([env_cpu, inference_cpu, actor_cpu - env_cpu - inference_cpu])
-
-    def resume_if_possible(self) -> bool:
-        """Loads model.tar of this xpid if there is one; refuses one of another run."""
-        if not os.path.exists(self.checkpoint_path):
-            return False
-        state = checkpoint.load(self.checkpoint_path, map_location=self.device)
-        checkpoint.check_compatible(state, self.env_spec.env_id, self.config, self.checkpoint_path)
-        checkpoint.check_spec(state, self.env_spec, self.checkpoint_path)
-        checkpoint.check_optimizer(state, self.settings.learner.optimizer, self.checkpoint_path)
-        try:
-            self.learner.load_state_dict(state)
-        except (KeyError, RuntimeError, ValueError) as error:  # e.g. another number of actions
-            first_line = str(error).strip().splitlines()[0]
-            raise checkpoint.CheckpointError(
-                f"checkpoint {self.checkpoint_path} does not fit this run's model ({first_line}): "
-                "use the environment and flags it was trained with, or another --xpid"
-            ) from None
-        return True
-
-    def save_checkpoint(self) -> None:
-        if self.run.disable_checkpoint:
-            return
-        with self.learner.lock:
-            state = self.learner.state_dict()
-            state.update(
-                flags=self.run.recorded_flags(self.env_spec.env_id),
-                env=self.env_spec.env_id,
-                env_spec=checkpoint.spec_state(self.env_spec),
-                model_config=self.config,
-            )
-            log.info("Saving checkpoint to %s (step %d)", self.checkpoint_path, self.learner.step)
-            checkpoint.save(self.checkpoint_path, state)
 
     def learner_thread(self, pool: Pool, writer: FileWriter) -> None:
         try:
@@ -224,12 +192,6 @@ class Trainer:
                 log.warning("Closed the streams of %s.", ", ".join(closed))
             if self.replay is not None:
                 self.replay.forget({sources[column] for column in culprits})
-
-    def record_returns(self, returns: list[float]) -> None:
-        """Notes the returns of episodes that just ended (stats_lock held)."""
-        self.recent_returns.extend(returns)
-        if self.run.episodes_for_avg:
-            self.returns_since_mean.extend(returns)
 
     def add_replayed(
         self, batch: dict[str, torch.Tensor], core_state: tuple[torch.Tensor, ...]
@@ -340,66 +302,6 @@ class Trainer:
             if now - last_checkpoint >= self.run.checkpoint_interval:
                 self.save_checkpoint()
                 last_checkpoint = now
-
-    def print_progress(self, step: int, sps: float) -> None:
-        with self.stats_lock:
-            entropy = self.last_stats.get("policy_entropy")
-            mean_return = "" if entropy is None else self.mean_return_text()
-            extras_text = self.episode_extras_text()
-        if entropy is None:
-            progress_log.info("Steps %d: waiting for the first batch from the actors.", step)
-            return
-        progress_log.info(
-            "%s.%s Entropy %.2f nats.%s",
-            progress_text(step, self.run.total_steps, sps),
-            mean_return,
-            entropy,
-            extras_text,
-        )
-
-    def episode_extras_text(self) -> str:
-        """The progress line's mean of each episode extra over the last 100 episodes, e.g.
-        " True return 120.0, true move 9.5." (stats_lock held); "" if the env has none."""
-        if not self.recent_extras:
-            return ""
-        means = np.mean(self.recent_extras, axis=0)
-        names = self.env_spec.episode_extras
-        text = ", ".join(
-            f"{name.replace('_', ' ')} {mean:.1f}" for name, mean in zip(names, means, strict=True)
-        )
-        return f" {text[0].upper()}{text[1:]}."
-
-    def mean_return_text(self) -> str:
-        """The progress line's mean-return part (stats_lock held): the last 100 episodes;
-        with --episodes_for_avg N, the episodes since the last mean printed, once N of them
-        have ended (and nothing until then)."""
-        if not self.run.episodes_for_avg:
-            returns = self.recent_returns
-            mean = f"{np.mean(returns):.1f}" if returns else "n/a"
-            return f" Mean return (last {len(returns)} episodes) {mean}."
-        returns = self.returns_since_mean
-        if len(returns) < self.run.episodes_for_avg:
-            return ""
-        self.returns_since_mean = []
-        return f" Mean return (last {len(returns)} episodes) {np.mean(returns):.1f}."
-
-
-def progress_text(step: int, total_steps: int, sps: float) -> str:
-    """ "Steps 1234560 of 5000000 (24.7%) @ 1150 SPS, 55 min left"."""
-    text = f"Steps {step} of {total_steps} ({100 * step / total_steps:.1f}%) @ {sps:.0f} SPS"
-    if sps > 0 and step < total_steps:
-        text += f", {format_duration((total_steps - step) / sps)} left"
-    return text
-
-
-def format_duration(seconds: float) -> str:
-    """A rough, readable duration: 45 s, 12 min, 3 h 05 min."""
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes = round(seconds / 60)
-    if minutes < 60:
-        return f"{minutes} min"
-    return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def check_replay_fits(replay: ReplaySettings, env_spec: EnvSpec, unroll_length: int) -> None:

@@ -119,10 +119,6 @@ def serve(settings: PolyEnvSettings, address: str, server_index: int, ready=None
 # --------------------------------------------------------------------------- inverted
 
 
-class ClientRefused(RuntimeError):
-    """The learner refused this client for a reason retrying cannot fix."""
-
-
 def connect_once(
     settings: PolyEnvSettings,
     stub: pb_grpc.LearnerStub,

@@ -1,0 +1,119 @@
+"""The IMPALA losses of one batch under the learner's current weights: V-trace targets and
+advantages, the policy-gradient, baseline and entropy terms, with padded steps and (LASER)
+untrusted replayed states left out; see ``core.learner`` for the batch's layout."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from torchbeast.core import losses, vtrace
+from torchbeast.core.models import CoreState
+from torchbeast.core.value_scale import ValueScale
+
+if TYPE_CHECKING:
+    from torchbeast.core.learner import LearnerSettings
+
+
+@dataclasses.dataclass
+class LossTerms:
+    """One pass's losses (scalars with gradient) and the tensors they came from, [T, B]:
+    the batch without its overlap step and the outputs without the bootstrap step."""
+
+    total_loss: torch.Tensor
+    pg_loss: torch.Tensor
+    baseline_loss: torch.Tensor
+    entropy_loss: torch.Tensor
+    batch: dict[str, torch.Tensor]
+    learner_outputs: dict[str, torch.Tensor]
+    vtrace_returns: vtrace.VTraceFromLogitsReturns
+    real: torch.Tensor  # real (not padded) steps
+    online: torch.Tensor  # real steps of online columns
+    loss_mask: torch.Tensor | None  # steps in the policy and baseline losses
+    entropy_mask: torch.Tensor | None  # steps in the entropy loss: online ones
+    trusted_fraction: float
+    num_online: int
+
+
+def loss_terms(
+    settings: LearnerSettings,
+    model: nn.Module,
+    value_scale: ValueScale,
+    batch: dict[str, torch.Tensor],
+    initial_core_state: CoreState,
+    num_online: int | None,
+) -> LossTerms:
+    """The V-trace losses of ``batch`` ([T+1, B, ...]) under ``model``'s current weights,
+    and what they used; ``num_online``: see ``Learner.learn``."""
+    learner_outputs, _ = model(batch, initial_core_state, act=False)
+    scale = value_scale.scale  # the baseline head predicts V / scale
+    if value_scale.enabled:
+        learner_outputs["baseline"] = scale * learner_outputs["baseline"]  # [T+1, B]
+
+    # The last baseline bootstraps the value beyond the rollout.
+    bootstrap_value = learner_outputs["baseline"][-1]  # [B]
+    # Drop the overlap step of the batch and the bootstrap step of the outputs.
+    batch = {key: tensor[1:] for key, tensor in batch.items()}
+    learner_outputs = {key: tensor[:-1] for key, tensor in learner_outputs.items()}
+    mask = batch.get("mask")  # [T, B] True for real new steps, or None: all real
+    T, B = batch["reward"].shape
+    num_online = B if num_online is None else num_online
+    real = torch.ones(T, B, dtype=torch.bool, device=batch["reward"].device)
+    if mask is not None:
+        real = mask.bool()
+    online = torch.zeros_like(real)  # [T, B] real steps of online columns
+    online[:, :num_online] = real[:, :num_online]
+    loss_mask, entropy_mask, trusted_fraction = mask, mask, math.nan
+    if num_online < B:
+        kl = losses.policy_kl(learner_outputs["policy_logits"], batch["policy_logits"])  # [T, B]
+        trusted = kl <= settings.trust_region_threshold
+        replayed = real & ~online
+        trusted_fraction = float((trusted & replayed).sum()) / max(int(replayed.sum()), 1)
+        loss_mask = online | (replayed & trusted)  # [T, B]
+        entropy_mask = online
+
+    rewards = losses.clip_rewards(batch["reward"], settings.reward_clipping)  # [T, B]
+    discounts = (~batch["done"]).float() * settings.discounting  # [T, B]
+
+    vtrace_returns = vtrace.from_logits(
+        behavior_policy_logits=batch["policy_logits"],
+        target_policy_logits=learner_outputs["policy_logits"],
+        actions=batch["action"],
+        discounts=discounts,
+        rewards=rewards,
+        values=learner_outputs["baseline"],
+        bootstrap_value=bootstrap_value,
+        mask=loss_mask,
+    )
+    advantages = vtrace_returns.pg_advantages / scale  # [T, B]
+    if settings.normalize_advantages:
+        advantages = losses.normalize(advantages, loss_mask)
+
+    pg_loss = losses.policy_gradient_loss(
+        learner_outputs["policy_logits"], batch["action"], advantages, mask=loss_mask
+    )
+    baseline_loss = settings.baseline_cost * losses.baseline_loss(
+        (vtrace_returns.vs - learner_outputs["baseline"]) / scale, mask=loss_mask
+    )
+    entropy_loss = settings.entropy_cost * losses.entropy_loss(
+        learner_outputs["policy_logits"], mask=entropy_mask
+    )
+    return LossTerms(
+        total_loss=pg_loss + baseline_loss + entropy_loss,
+        pg_loss=pg_loss,
+        baseline_loss=baseline_loss,
+        entropy_loss=entropy_loss,
+        batch=batch,
+        learner_outputs=learner_outputs,
+        vtrace_returns=vtrace_returns,
+        real=real,
+        online=online,
+        loss_mask=loss_mask,
+        entropy_mask=entropy_mask,
+        trusted_fraction=trusted_fraction,
+        num_online=num_online,
+    )

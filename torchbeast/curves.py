@@ -1,0 +1,116 @@
+"""Learning curves from the ``logs.csv`` files that training runs write: reading a run's
+logs into columns, and turning them into (steps, value) curves, smoothed or as SPS."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+LOGS_NAME = "logs.csv"
+SPS_WINDOW_S = 10.0  # seconds of log rows each SPS point averages over
+
+
+def _to_float(cell: str) -> float:
+    cell = cell.strip()
+    return float(cell) if cell else math.nan
+
+
+def read_logs(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Read a torchbeast ``logs.csv`` (or the run folder holding it).
+
+    Returns one float array per column, all of the same length (one entry per
+    data row). Empty cells are NaN. Every ``# `` line is a header whose field
+    names apply to the rows after it, as a resumed run appends a new header;
+    columns a row's header lacks are NaN for that row.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / LOGS_NAME
+    rows: list[dict[str, float]] = []
+    columns: dict[str, None] = {}  # ordered set of every field name seen
+    fields: list[str] | None = None
+    with path.open(newline="") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            if line.startswith("#"):
+                fields = [name.strip() for name in line[1:].strip().split(",")]
+                columns.update(dict.fromkeys(fields))
+                continue
+            if fields is None:
+                raise ValueError(f"{path}:{lineno}: data row before any '# ' header line")
+            cells = next(csv.reader([line]))
+            if len(cells) > len(fields):
+                raise ValueError(
+                    f"{path}:{lineno}: {len(cells)} cells but the header names {len(fields)}"
+                )
+            # A short row (e.g. cut off by a crash) leaves its last columns NaN.
+            pairs = zip(fields, cells, strict=False)
+            try:
+                rows.append({name: _to_float(cell) for name, cell in pairs})
+            except ValueError as e:
+                raise ValueError(f"{path}:{lineno}: {e}") from None
+    return {
+        name: np.array([row.get(name, math.nan) for row in rows], dtype=np.float64)
+        for name in columns
+    }
+
+
+def smooth(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing rolling mean over ``window`` points (fewer at the start)."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    values = np.asarray(values, dtype=np.float64)
+    if window == 1 or values.size == 0:
+        return values.copy()
+    sums = np.cumsum(values)
+    sums[window:] = sums[window:] - sums[:-window]
+    counts = np.minimum(np.arange(1, values.size + 1), window)
+    return sums / counts
+
+
+def return_curve(logs: dict[str, np.ndarray], window: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Steps and mean episode return, NaN rows dropped, then smoothed over ``window``."""
+    steps = logs["step"]
+    returns = logs.get("mean_episode_return", np.full_like(steps, math.nan))
+    keep = np.isfinite(steps) & np.isfinite(returns)
+    return steps[keep], smooth(returns[keep], window)
+
+
+def sps_curve(
+    logs: dict[str, np.ndarray], window_s: float = SPS_WINDOW_S
+) -> tuple[np.ndarray, np.ndarray]:
+    """Steps and steps per second.
+
+    Uses the ``sps`` column where it has a value; otherwise SPS is the step increase over
+    the rows logged in the last ``window_s`` seconds (single updates are too bursty to
+    read). Points without a value, or across a restart, are dropped.
+    """
+    steps = logs["step"]
+    computed = np.full_like(steps, math.nan)
+    if "_time" in logs and steps.size > 1:
+        times = logs["_time"]
+        start = np.searchsorted(times, times - window_s, side="left")
+        start = np.minimum(start, np.arange(steps.size) - 1).clip(min=0)
+        d_step = steps - steps[start]
+        d_time = times - times[start]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            computed = np.where((d_time > 0) & (d_step > 0), d_step / d_time, math.nan)
+    sps = logs["sps"] if "sps" in logs else computed
+    sps = np.where(np.isfinite(sps), sps, computed)
+    keep = np.isfinite(steps) & np.isfinite(sps)
+    return steps[keep], sps[keep]
+
+
+def column_curve(
+    logs: dict[str, np.ndarray], column: str, window: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """Steps and one column, NaN rows dropped, then smoothed over ``window``."""
+    steps = logs["step"]
+    values = logs.get(column, np.full_like(steps, math.nan))
+    keep = np.isfinite(steps) & np.isfinite(values)
+    return steps[keep], smooth(values[keep], window)

@@ -1,0 +1,153 @@
+"""``BatchedEnv``: N environments of one Gymnasium vector env stepped together, with the
+episode bookkeeping of TorchBeast (returns, lengths, extras, lives, FIRE after a lost life)
+on numpy arrays [N]."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+from torchbeast.core.spec import EnvSpec
+from torchbeast.envs.registry import EnvError
+
+SUPPORTED_OBSERVATION_DTYPES = tuple(
+    np.dtype(name)
+    for name in ("uint8", "int8", "int16", "int32", "int64", "float32", "float64", "bool")
+)
+
+
+class BatchedEnv:
+    """N environments stepped together, with episode bookkeeping TorchBeast-style."""
+
+    def __init__(
+        self,
+        vector_env: gym.vector.VectorEnv,
+        env_id: str,
+        track_lives: bool,
+        fire_action: int | None = None,
+    ):
+        self.env = vector_env
+        self.num_envs = vector_env.num_envs
+        space = vector_env.single_observation_space
+        action_space = vector_env.single_action_space
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise EnvError(
+                f"{env_id} has a {type(action_space).__name__} action space; "
+                "torchbeast supports Discrete action spaces only"
+            )
+        if not isinstance(space, gym.spaces.Box):
+            raise EnvError(
+                f"{env_id} has a {type(space).__name__} observation space; "
+                "torchbeast supports Box observations only"
+            )
+        dtype = np.dtype(space.dtype)
+        if dtype not in SUPPORTED_OBSERVATION_DTYPES:
+            raise EnvError(
+                f"{env_id} has {dtype} observations; torchbeast supports "
+                + ", ".join(d.name for d in SUPPORTED_OBSERVATION_DTYPES)
+            )
+        # float64 observations are stored and learned from as float32.
+        self.cast_to = np.dtype(np.float32) if dtype == np.float64 else None
+        stored = self.cast_to or dtype
+        # The env's own figures: name -> the key of each step's share in its info.
+        extra_info_keys = dict(vector_env.metadata.get("episode_extras", {}))
+        try:
+            self.spec = EnvSpec(
+                env_id, tuple(space.shape), stored, int(action_space.n), tuple(extra_info_keys)
+            )
+        except ValueError as error:
+            raise EnvError(str(error)) from None
+        self.track_lives = track_lives
+        n = self.num_envs
+        self.episode_return = np.zeros(n, dtype=np.float32)
+        # (rollout key, info key, running total [N]) of each episode extra.
+        self.extras = [
+            (key, info_key, np.zeros(n, dtype=np.float32))
+            for key, info_key in zip(self.spec.extra_keys, extra_info_keys.values(), strict=True)
+        ]
+        self.episode_step = np.zeros(n, dtype=np.int32)
+        self.lives = np.zeros(n, dtype=np.int64)
+        # The action pressed, in place of the agent's, right after a lost life (as the
+        # original's episodic-life + fire-reset wrappers do); None: never.
+        self.fire_action = fire_action
+        self.fire_next = np.zeros(n, dtype=bool)
+
+    def reset(self, seed: int | None = None) -> dict[str, np.ndarray]:
+        frame, info = self.env.reset(seed=seed)
+        if self.cast_to is not None:
+            frame = frame.astype(self.cast_to)
+        n = self.num_envs
+        self.episode_return[:] = 0
+        for _, _, total in self.extras:
+            total[:] = 0
+        self.episode_step[:] = 0
+        if self.track_lives:
+            self.lives[:] = info["lives"]
+        self.fire_next[:] = False
+        return dict(
+            frame=frame,
+            reward=np.zeros(n, dtype=np.float32),
+            done=np.ones(n, dtype=bool),
+            episode_return=np.zeros(n, dtype=np.float32),
+            **{key: np.zeros(n, dtype=np.float32) for key, _, _ in self.extras},
+            episode_step=np.zeros(n, dtype=np.int32),
+            episode_end=np.zeros(n, dtype=bool),
+            last_action=np.zeros(n, dtype=np.int64),
+        )
+
+    def step(self, actions: np.ndarray) -> dict[str, np.ndarray]:
+        pressed = actions
+        if self.fire_next.any():
+            pressed = np.where(self.fire_next, self.fire_action, actions).astype(actions.dtype)
+        frame, reward, terminated, truncated, info = self.env.step(pressed)
+        if self.cast_to is not None:
+            frame = frame.astype(self.cast_to)
+        reward = reward.astype(np.float32, copy=False)
+        game_over = np.logical_or(terminated, truncated)
+        done = game_over
+        if self.track_lives:
+            lives = info["lives"]
+            # Episodic life: a lost life is an episode end for the learner only.
+            lost_life = lives < self.lives
+            done = game_over | lost_life
+            self.lives[:] = lives
+            if self.fire_action is not None:
+                # The game goes on after a lost life; games that wait for FIRE get it.
+                self.fire_next = lost_life & ~game_over
+        self.episode_return += reward
+        for _, info_key, total in self.extras:
+            total += step_info(info, info_key)
+        self.episode_step += 1
+        output = dict(
+            frame=frame,
+            reward=reward,
+            done=done,
+            episode_return=self.episode_return.copy(),
+            episode_step=self.episode_step.copy(),
+            episode_end=game_over,
+            last_action=np.asarray(actions, dtype=np.int64),
+        )
+        self.episode_return[game_over] = 0
+        for key, _, total in self.extras:
+            output[key] = total.copy()
+            total[game_over] = 0
+        self.episode_step[game_over] = 0
+        return output
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def step_info(info: dict, key: str) -> np.ndarray:
+    """``info[key]`` of a vector step, [N]; an env that ended and was reset in this step
+    reports its last step's value, which the vector env keeps under "final_info"."""
+    if key not in info:
+        raise EnvError(
+            f"the environment declares an episode extra from info[{key!r}] but its "
+            "steps' info has no such key"
+        )
+    values = np.asarray(info[key], dtype=np.float32).copy()
+    if "final_info" in info:
+        ended = info["_final_info"]
+        values[ended] = np.asarray(info["final_info"][key], dtype=np.float32)[ended]
+    return values

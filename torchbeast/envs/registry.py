@@ -1,0 +1,56 @@
+"""Which environment ids torchbeast can make: the optional envs registered with Gymnasium
+(ale-py's Atari, PixelCue, MinAtar if installed) and an id's registered spec; ``EnvError``
+for an id or space torchbeast cannot run."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+
+import gymnasium as gym
+
+from torchbeast.core.errors import UserError
+from torchbeast.envs import cue
+
+LIST_IDS_HINT = "list valid ids with: python -m torchbeast.envs"
+
+
+class EnvError(UserError, ValueError):
+    """An environment id or space that torchbeast cannot run; the message says why."""
+
+
+_registering = threading.Lock()
+
+
+def _register_optional_envs() -> None:
+    # Under a lock: an env client process creates its envs from several threads at once,
+    # and gymnasium's registry is a plain dict (a concurrent registration raised
+    # "dictionary changed size during iteration" and stopped every client of the process).
+    with _registering:
+        import ale_py
+
+        gym.register_envs(ale_py)
+        cue.register()
+        try:
+            import minatar.gym
+        except ImportError:
+            return
+        if "MinAtar/Breakout-v1" not in gym.registry:
+            minatar.gym.register_envs()
+
+
+def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The registered spec of ``env_id``; ``module:Id`` imports ``module`` first."""
+    _register_optional_envs()
+    module, _, name = env_id.rpartition(":")
+    try:
+        if module:
+            importlib.import_module(module)
+        return gym.spec(name)
+    except ImportError as error:
+        raise EnvError(f"cannot import {module!r} for environment {env_id!r} ({error})") from None
+    except gym.error.Error as error:
+        hint = "install it with: pip install MinAtar; " if env_id.startswith("MinAtar/") else ""
+        raise EnvError(
+            f"unknown environment id {env_id!r} ({error}); {hint}{LIST_IDS_HINT}"
+        ) from None

@@ -1,0 +1,97 @@
+"""The progress line a training run prints every few seconds: steps, SPS, time left, the
+mean return and entropy, and the env's episode extras; and the returns it averages."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from torchbeast.config.settings import RunSettings
+    from torchbeast.core.spec import EnvSpec
+
+progress_log = logging.getLogger("torchbeast.progress")  # the lines --suppress_logs keeps
+
+PROGRESS_INTERVAL_S = 5.0
+
+
+class ProgressReporting:
+    """The Trainer's progress lines; the Trainer sets these attributes."""
+
+    run: RunSettings
+    env_spec: EnvSpec
+    stats_lock: threading.Lock
+    last_stats: dict
+    recent_returns: collections.deque[float]
+    returns_since_mean: list[float]  # with --episodes_for_avg
+    recent_extras: collections.deque[tuple[float, ...]]
+
+    def record_returns(self, returns: list[float]) -> None:
+        """Notes the returns of episodes that just ended (stats_lock held)."""
+        self.recent_returns.extend(returns)
+        if self.run.episodes_for_avg:
+            self.returns_since_mean.extend(returns)
+
+    def print_progress(self, step: int, sps: float) -> None:
+        with self.stats_lock:
+            entropy = self.last_stats.get("policy_entropy")
+            mean_return = "" if entropy is None else self.mean_return_text()
+            extras_text = self.episode_extras_text()
+        if entropy is None:
+            progress_log.info("Steps %d: waiting for the first batch from the actors.", step)
+            return
+        progress_log.info(
+            "%s.%s Entropy %.2f nats.%s",
+            progress_text(step, self.run.total_steps, sps),
+            mean_return,
+            entropy,
+            extras_text,
+        )
+
+    def episode_extras_text(self) -> str:
+        """The progress line's mean of each episode extra over the last 100 episodes, e.g.
+        " True return 120.0, true move 9.5." (stats_lock held); "" if the env has none."""
+        if not self.recent_extras:
+            return ""
+        means = np.mean(self.recent_extras, axis=0)
+        names = self.env_spec.episode_extras
+        text = ", ".join(
+            f"{name.replace('_', ' ')} {mean:.1f}" for name, mean in zip(names, means, strict=True)
+        )
+        return f" {text[0].upper()}{text[1:]}."
+
+    def mean_return_text(self) -> str:
+        """The progress line's mean-return part (stats_lock held): the last 100 episodes;
+        with --episodes_for_avg N, the episodes since the last mean printed, once N of them
+        have ended (and nothing until then)."""
+        if not self.run.episodes_for_avg:
+            returns = self.recent_returns
+            mean = f"{np.mean(returns):.1f}" if returns else "n/a"
+            return f" Mean return (last {len(returns)} episodes) {mean}."
+        returns = self.returns_since_mean
+        if len(returns) < self.run.episodes_for_avg:
+            return ""
+        self.returns_since_mean = []
+        return f" Mean return (last {len(returns)} episodes) {np.mean(returns):.1f}."
+
+
+def progress_text(step: int, total_steps: int, sps: float) -> str:
+    """ "Steps 1234560 of 5000000 (24.7%) @ 1150 SPS, 55 min left"."""
+    text = f"Steps {step} of {total_steps} ({100 * step / total_steps:.1f}%) @ {sps:.0f} SPS"
+    if sps > 0 and step < total_steps:
+        text += f", {format_duration((total_steps - step) / sps)} left"
+    return text
+
+
+def format_duration(seconds: float) -> str:
+    """A rough, readable duration: 45 s, 12 min, 3 h 05 min."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
