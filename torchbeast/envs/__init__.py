@@ -149,6 +149,13 @@ def create_env(
     )
 
 
+def reward_description(settings: EnvSettings) -> str | None:
+    """What trains the agent where it is not the env's own reward (a Riverraid reward
+    proxy), or None."""
+    proxy = riverraid.proxy_from_flags(settings)
+    return None if proxy is None else proxy.describe()
+
+
 def log_training_reward(settings: EnvSettings, reward_clipping: str) -> None:
     """Says which reward trains the agent where it is not the env's own (a Riverraid reward
     proxy), with a warning where ``reward_clipping`` hides it."""

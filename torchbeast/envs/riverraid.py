@@ -29,7 +29,6 @@ game starts and when a life is taken.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from dataclasses import dataclass
 
@@ -81,8 +80,10 @@ class RewardProxy:
         return f"{self.kind} proxy ({parameter}); true move penalty {self.true_move_penalty:g}"
 
 
-def proxy_from_flags(flags: argparse.Namespace) -> RewardProxy | None:
-    """The run's proxy, or None when no proxy flag was given (train on the game score)."""
+def proxy_from_flags(flags: object) -> RewardProxy | None:
+    """The run's proxy, or None when no proxy flag was given (train on the game score).
+    ``flags``: anything with the proxy flags as attributes (the env's settings, or a
+    namespace of the flags a checkpoint recorded)."""
     given = {name: getattr(flags, name, None) for name in PROXY_FLAGS}
     if all(value is None for value in given.values()):
         return None

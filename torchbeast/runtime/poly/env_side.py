@@ -26,7 +26,6 @@ import numpy as np
 
 from torchbeast import envs
 from torchbeast.config.poly import PolyEnvSettings
-from torchbeast.envs import riverraid
 from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
@@ -273,13 +272,13 @@ def stop_processes(processes: list[mp.process.BaseProcess], timeout_s: float = 5
 def run_processes(settings: PolyEnvSettings) -> int:
     """polybeast_env: runs the processes until a signal, or until one of them fails."""
     processes = start_processes(settings)
-    proxy = riverraid.proxy_from_flags(settings.env)
-    if proxy is not None:
+    reward = envs.reward_description(settings.env)
+    if reward is not None:
         logging.basicConfig(format="[%(levelname)s:%(process)d %(asctime)s] %(message)s")
         log.warning(
-            "Reward: %s. Give the learner the same proxy flags, or no --env: told --env "
-            "without them, it refuses environments that report the true return and move.",
-            proxy.describe(),
+            "Reward: %s. Give the learner the same reward flags, or no --env: told --env "
+            "without them, it refuses environments whose per-episode figures differ.",
+            reward,
         )
     stop = _stop_on_signals()
     status = 0
