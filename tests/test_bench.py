@@ -23,4 +23,10 @@ def test_bench_prints_sps_and_stage_costs(runtime):
     sps = re.search(r"steady-state SPS: ([0-9.]+)\s+\(([0-9]+) steps", result.stdout)
     assert sps is not None, result.stdout
     assert float(sps.group(1)) > 0 and int(sps.group(2)) >= 2000
-    assert "CPU ms per agent step" in result.stdout
+    # Each stage by name, as the runtime's trainer reports them, then the learner process.
+    stages = {"mono": "env ", "poly": "env servers "}[runtime]
+    assert re.search(
+        rf"CPU ms per agent step: {stages}[0-9.]+.*, learner process [0-9.]+", result.stdout
+    )
+    layout = {"mono": "2 actors x 8 envs", "poly": "2 streams x 8 envs from 2 env servers"}
+    assert layout[runtime] in result.stdout, result.stdout

@@ -48,7 +48,7 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
         time.sleep(0.05)
     if trainer.pool is None:
         return
-    stages_before = trainer.stage_totals()
+    stages_before = trainer.stage_totals()  # CPU seconds by stage
     start_time, start_step, start_cpu = time.monotonic(), learner.step, time.process_time()
     while learner.step < start_step + bench_steps and not trainer.stop_requested.is_set():
         time.sleep(0.05)
@@ -57,25 +57,20 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
     steps = learner.step - start_step
     if steps == 0:
         return
-    env_ms, inference_ms, actor_other_ms = 1e3 * (trainer.stage_totals() - stages_before) / steps
-    result.update(
-        sps=steps / elapsed,
-        steps=steps,
-        seconds=elapsed,
-        env_ms=env_ms,
-        inference_ms=inference_ms,
-        actor_other_ms=actor_other_ms,
-        learner_ms=1e3 * learner_cpu / steps,
-    )
+    stages = {
+        name: 1e3 * (seconds - stages_before[name]) / steps
+        for name, seconds in trainer.stage_totals().items()
+    }  # CPU ms per agent step
+    stages["learner process"] = 1e3 * learner_cpu / steps
+    result.update(sps=steps / elapsed, steps=steps, seconds=elapsed, stages=stages)
     trainer.stop_requested.set()
 
 
 def in_folder(flags: argparse.Namespace, folder: str) -> argparse.Namespace:
-    """The flags of a benchmark run in ``folder``, without checkpoints; PolyBeast: one env
-    server per actor, on Unix sockets in ``folder``."""
+    """The flags of a benchmark run in ``folder``, without checkpoints, with those its
+    runtime sets for a benchmark (PolyBeast: one env server per stream, in ``folder``)."""
     bench = dict(savedir=folder, xpid="bench", disable_checkpoint=True)
-    if flags.runtime == "poly":
-        bench.update(num_servers=flags.num_actors, pipes_basename=f"unix:{folder}/env")
+    bench.update(RUNTIMES[flags.runtime].bench_overrides(flags, folder))
     return argparse.Namespace(**{**vars(flags), **bench})
 
 
@@ -118,22 +113,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_result(flags: argparse.Namespace, trainer: Trainer, result: dict) -> None:
     cores = len(os.sched_getaffinity(0))
-    total_ms = (
-        result["env_ms"] + result["inference_ms"] + result["actor_other_ms"] + result["learner_ms"]
-    )
+    total_ms = sum(result["stages"].values())
+    stages = ", ".join(f"{name} {ms:.3f}" for name, ms in result["stages"].items())
+    layout = trainer.actor_layout()
     print()
-    if flags.runtime == "poly":
-        layout = (
-            f"{flags.num_servers} env servers x 1 stream x {flags.envs_per_actor} envs "
-            "(Unix sockets)"
-        )
-        stages = f"env servers {result['env_ms']:.3f}, learner process {result['learner_ms']:.3f}"
-    else:
-        layout = f"{flags.num_actors} actors x {flags.envs_per_actor} envs"
-        stages = (
-            f"env {result['env_ms']:.3f}, inference {result['inference_ms']:.3f}, actor other "
-            f"{result['actor_other_ms']:.3f}, learner {result['learner_ms']:.3f}"
-        )
     name = RUNTIMES[flags.runtime].title
     print(
         f"{name} benchmark: {flags.env}, {trainer.config['kind']} model, "

@@ -6,13 +6,16 @@ A runtime is a module with
     session(settings) -> context manager of a Trainer whose ``train()`` runs the actors
     train(settings) -> dict: ``with session(settings) as trainer: return trainer.train()``
 
-and a ``Trainer`` subclass (``runtime.training``) that starts its pool, publishes
-weights and reports its ``stage_totals`` (CPU seconds outside the learner). A runtime with
-flags of its own names the function that writes their README table (``docs``).
+and a ``Trainer`` subclass (``runtime.training``) that learns its env spec, starts its
+pool, publishes weights, and for the benchmark reports its ``stage_totals`` (CPU seconds
+outside the learner process, by stage) and ``actor_layout``. A runtime with flags of its
+own names the function that writes their README table (``docs``), and one whose benchmark
+needs flags set for it (PolyBeast: its env servers) the function that gives them.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,12 +41,19 @@ class Runtime:
     # "module:function" that returns the README's table of the runtime's own flags, between
     # the markers of table NAMEflags (config.reference.markers); None: it has none.
     flags_table: str | None = None
+    # "module:function" (flags, folder) -> {flag: value} that a benchmark run in the
+    # temporary ``folder`` sets beyond the user's flags; None: none.
+    bench_flags: str | None = None
 
     def load(self, settings: Settings) -> ModuleType:
         """The runtime's module, imported once its ``prepare`` step has run."""
         if self.prepare is not None:
             function(self.prepare)(settings)
         return importlib.import_module(self.module)
+
+    def bench_overrides(self, flags: argparse.Namespace, folder: str) -> dict:
+        """The flags a benchmark run in ``folder`` sets for this runtime."""
+        return {} if self.bench_flags is None else function(self.bench_flags)(flags, folder)
 
     def train(self, settings: Settings, **options) -> dict:
         """Trains with this runtime: its module's ``train``."""
@@ -59,6 +69,7 @@ RUNTIMES = {
             "PolyBeast",
             "torchbeast.runtime.poly.trainer",
             flags_table="torchbeast.config.reference:poly_reference",
+            bench_flags="torchbeast.runtime.poly.trainer:bench_flags",
         ),
         Runtime(
             "ray",

@@ -19,7 +19,6 @@ import time
 from collections.abc import Hashable
 from typing import Protocol
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -115,11 +114,20 @@ class Trainer(ProgressReporting, Checkpointing):
         """Makes the learner's new weights the ones actions are chosen with."""
         raise NotImplementedError
 
-    def stage_totals(self) -> np.ndarray:
-        """CPU seconds so far outside the learner, for the benchmark: stepping envs,
-        actor inference, and the rest of the actors' time."""
+    def stage_totals(self) -> dict[str, float]:
+        """CPU seconds so far outside the learner process, by stage, for the benchmark:
+        stepping envs, actor inference, and the rest of the actors' time."""
         env_cpu, inference_cpu, actor_cpu, _ = self.pool.timing_totals()
-        return np.array([env_cpu, inference_cpu, actor_cpu - env_cpu - inference_cpu])
+        return {
+            "env": env_cpu,
+            "inference": inference_cpu,
+            "actor other": actor_cpu - env_cpu - inference_cpu,
+        }
+
+    def actor_layout(self) -> str:
+        """Who steps the environments, in words."""
+        actors = self.settings.actors
+        return f"{actors.num_actors} actors x {actors.envs_per_actor} envs"
 
     def learner_thread(self, pool: Pool, writer: FileWriter) -> None:
         try:

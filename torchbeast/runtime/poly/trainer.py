@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import logging
@@ -9,7 +10,6 @@ import os
 import tempfile
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -34,10 +34,17 @@ class PolyTrainer(Trainer):
         super().__init__(settings, pool.spec or pool.wait_for_spec())
         self.poly_pool = pool
 
-    def stage_totals(self) -> np.ndarray:
+    def stage_totals(self) -> dict[str, float]:
         """The env processes this command started: their CPU seconds (envs and gRPC)."""
         pids = [process.pid for process in self.poly_pool.env_processes]
-        return np.array([process_cpu_seconds(pids), 0.0, 0.0])
+        return {"env servers": process_cpu_seconds(pids)}
+
+    def actor_layout(self) -> str:
+        actors, poly = self.settings.actors, self.settings.runtime
+        peers = (
+            "env clients dialling in" if poly.serve else f"{poly.network.num_servers} env servers"
+        )
+        return f"{actors.num_actors} streams x {actors.envs_per_actor} envs from {peers}"
 
     def create_pool(self) -> PolyActorPool:
         self.poly_pool.attach(self.learner.model, self.config, self.run.run_dir)
@@ -45,6 +52,12 @@ class PolyTrainer(Trainer):
 
     def publish(self, model: nn.Module) -> None:
         self.poly_pool.publish(model)
+
+
+def bench_flags(flags: argparse.Namespace, folder: str) -> dict:
+    """What a benchmark run in ``folder`` sets beyond the user's flags: one env server per
+    stream, on Unix sockets in the folder."""
+    return dict(num_servers=flags.num_actors, pipes_basename=f"unix:{folder}/env")
 
 
 def limit_intra_op_threads(settings: Settings) -> None:
