@@ -17,6 +17,7 @@ LEARNER_DEFAULTS = dict(
     normalize_advantages=False,
     normalize_values=False,
     epochs=1,
+    ppo_clip=0.0,
     replay_size=0,
     trust_region_threshold=0.5,
     optimizer="rmsprop",

@@ -709,3 +709,36 @@ def test_a_failing_later_epoch_leaves_the_weights_and_optimizer_as_they_were():
         assert state.keys() == optimizer_before[index].keys()
         assert all(torch.equal(state[key], optimizer_before[index][key]) for key in state)
     assert (learner.step, learner.updates) == (0, 0)
+
+
+def on_policy(model, batch) -> dict[str, torch.Tensor]:
+    """``batch`` as if ``model`` had acted: its behaviour logits are the model's own."""
+    with torch.no_grad():
+        outputs, _ = model(batch, ())
+    logits = batch["policy_logits"].clone()  # [T+1, B, A]
+    logits[1:] = outputs["policy_logits"][:-1]  # step t's action was chosen at t - 1
+    return batch | {"policy_logits": logits}
+
+
+def test_ppo_clip_on_policy_has_the_policy_gradient():
+    batch = on_policy(make_model(make_setup()), make_batch())
+    gradients = []
+    for clip in (0.0, 0.2):
+        learner = Learner(make_setup(ppo_clip=clip).learner, make_model(make_setup()))
+        learner._losses(batch, (), None).pg_loss.backward()
+        gradients.append([p.grad.clone() for p in learner.model.parameters() if p.grad is not None])
+    for plain, clipped in zip(*gradients, strict=True):
+        torch.testing.assert_close(clipped, plain)
+
+
+def test_ppo_clip_stops_epochs_from_moving_the_policy_far_from_the_behaviour():
+    kls = {}
+    for clip in (0.0, 0.1):
+        case = make_setup(ppo_clip=clip, epochs=30, learning_rate=0.01, entropy_cost=0.0)
+        learner = Learner(case.learner, make_model(case))
+        batch = on_policy(learner.model, make_batch())
+        learner.learn(batch)
+        with torch.no_grad():
+            outputs, _ = learner.model(batch, ())
+        kls[clip] = float(losses.policy_kl(outputs["policy_logits"], batch["policy_logits"]).mean())
+    assert kls[0.1] < 0.5 * kls[0.0], kls

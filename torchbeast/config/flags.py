@@ -251,6 +251,14 @@ def make_parser(
         help="(new) Gradient steps on each batch (V-trace corrects for the policy moving).",
     )
     add(
+        "--ppo_clip",
+        default=0.0,
+        type=nonnegative_float,
+        metavar="EPS",
+        help="(new) > 0: PPO's clipped surrogate, with pi/mu clipped to [1 - EPS, 1 + EPS], "
+        "in place of the policy-gradient loss; bounds how far --epochs passes move the policy.",
+    )
+    add(
         "--reward_clipping",
         default="abs_one",
         choices=["abs_one", "none"],

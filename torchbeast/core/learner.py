@@ -58,6 +58,7 @@ class LearnerSettings:
     normalize_advantages: bool
     normalize_values: bool  # the baseline learns targets / their running RMS (at least 1)
     epochs: int  # gradient steps on each batch
+    ppo_clip: float  # > 0: PPO's clipped surrogate on pi/mu instead of the policy gradient
     # LASER: replayed states further than this KL from the current policy are left out.
     replay_size: int  # > 0: the batches carry replayed columns
     trust_region_threshold: float

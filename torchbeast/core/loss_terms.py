@@ -90,12 +90,22 @@ def loss_terms(
         mask=loss_mask,
     )
     advantages = vtrace_returns.pg_advantages / scale  # [T, B]
+    if settings.ppo_clip > 0:
+        # The surrogate weighs each step by pi/mu itself: V-trace's advantages without
+        # their clipped weight min(1, pi/mu) (0 at padded steps, so 0 stays 0).
+        weights = torch.exp(vtrace_returns.log_rhos.detach()).clamp(max=1.0)  # [T, B]
+        advantages = advantages / weights.clamp(min=torch.finfo(weights.dtype).tiny)
     if settings.normalize_advantages:
         advantages = losses.normalize(advantages, loss_mask)
 
-    pg_loss = losses.policy_gradient_loss(
-        learner_outputs["policy_logits"], batch["action"], advantages, mask=loss_mask
-    )
+    if settings.ppo_clip > 0:
+        pg_loss = losses.clipped_surrogate_loss(
+            vtrace_returns.log_rhos, advantages, settings.ppo_clip, mask=loss_mask
+        )
+    else:
+        pg_loss = losses.policy_gradient_loss(
+            learner_outputs["policy_logits"], batch["action"], advantages, mask=loss_mask
+        )
     baseline_loss = settings.baseline_cost * losses.baseline_loss(
         (vtrace_returns.vs - learner_outputs["baseline"]) / scale, mask=loss_mask
     )

@@ -35,6 +35,28 @@ def policy_gradient_loss(
     return _masked_sum(cross_entropy * advantages.detach(), mask)
 
 
+def clipped_surrogate_loss(
+    log_rhos: torch.Tensor,
+    advantages: torch.Tensor,
+    clip: float,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """PPO's clipped surrogate, -sum min(r A, clip(r, 1 - clip, 1 + clip) A) over [T, B],
+    where r = pi(a|x) / mu(a|x) is the importance weight of the action against the policy
+    that chose it (``log_rhos``, with gradient through pi). Where r has moved beyond the
+    clip in the direction A favours, the step adds no gradient: several passes over one
+    batch (``--epochs``) cannot push the policy far from the one that acted.
+
+    log_rhos, advantages and mask: [T, B]; advantages carry no gradient.
+    """
+    ratio = torch.exp(log_rhos)  # [T, B]
+    advantages = advantages.detach()
+    surrogate = torch.minimum(
+        ratio * advantages, torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * advantages
+    )  # [T, B]
+    return -_masked_sum(surrogate, mask)
+
+
 def baseline_loss(advantages: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """0.5 * sum (vs - V)^2 over [T, B]; advantages and mask: [T, B]."""
     return 0.5 * _masked_sum(advantages**2, mask)
