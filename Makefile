@@ -27,8 +27,8 @@ test: $(STAMP)
 	$(PY) -m ruff format --check torchbeast tests
 	$(PY) -m pytest $(ARGS)
 
-# Learning checks: short runs (PixelCue, CartPole, MinAtar Breakout) each printed against
-# its band, 5-8 minutes on 2 cores; ARGS=pong-early runs Pong's early signal (~20 min).
+# Learning checks: short runs (PixelCue, CartPole, CartPole with LASER, MinAtar Breakout) each
+# printed against its band, 6-9 minutes on 2 cores; ARGS=pong-early runs Pong's (~20 min).
 learn: $(STAMP)
 	$(PY) -m torchbeast.learncheck $(ARGS)
 

@@ -113,6 +113,18 @@ def test_learning_check_takes_the_mean_of_the_last_100_episodes():
     assert np.isnan(learncheck.mean_of_last_episodes({"episodes": np.zeros(2)}))
 
 
+def test_a_best_check_takes_the_best_100_episode_mean_the_run_reached():
+    logs = {
+        "episodes": np.array([60.0, 40.0, 0.0, 50.0, 50.0, 100.0]),
+        "mean_episode_return": np.array([1.0, 3.0, np.nan, 9.0, 0.0, 0.0]),
+    }
+    # The last 100 episodes (whole rows) after each row: 1.8 after row 1, 4.2 after row 3
+    # (150 episodes back to row 0), 4.5 after row 4 (50 at 0 and 50 at 9), 0 after row 5.
+    assert learncheck.best_mean_of_episodes(logs) == pytest.approx(4.5)
+    assert learncheck.mean_of_last_episodes(logs) == pytest.approx(0.0)
+    assert np.isnan(learncheck.best_mean_of_episodes({"episodes": np.array([30.0, 20.0])}))
+
+
 def test_learning_check_refuses_an_unknown_check(capsys):
     with pytest.raises(SystemExit):
         learncheck.main(["nosuchcheck"])

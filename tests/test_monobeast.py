@@ -272,66 +272,21 @@ def test_non_finite_loss_stops_training_and_keeps_good_weights(tmp_path):
     assert all(torch.isfinite(t).all() for t in state["model_state_dict"].values())
 
 
-def first_step_reaching(rows: list[dict[str, str]], bar: float, episodes: int = 100) -> int | None:
-    """The first logged step at which the mean return of the last >= ``episodes`` episodes
-    (episode-weighted over consecutive log rows) reaches ``bar``; None if it never does."""
-    batches = [
-        (int(row["step"]), float(row["mean_episode_return"]), int(row["episodes"]))
-        for row in rows
-        if row["mean_episode_return"]
-    ]
-    for end in range(len(batches)):
-        total, count, start = 0.0, 0, end
-        while start >= 0 and count < episodes:
-            total += batches[start][1] * batches[start][2]
-            count += batches[start][2]
-            start -= 1
-        if count >= episodes and total / count >= bar:
-            return batches[end][0]
-    return None
-
-
-LASER_RATIO_1 = ("--replay_size", "100000", "--replay_ratio", "1", "--learn_start", "5000")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("replay", [(), LASER_RATIO_1], ids=["online", "laser"])
-def test_cartpole_reaches_400_within_500k_steps(tmp_path, replay):
+def test_laser_replay_adds_replayed_rollouts_and_counts_online_steps_only(tmp_path):
+    # Whether it learns is `make learn`'s cartpole-laser check; this is what it logs.
     result = monobeast(
         tmp_path,
-        *replay,
-        "--env",
-        "CartPole-v1",
-        "--num_actors",
-        "2",
-        "--envs_per_actor",
-        "8",
-        "--batch_size",
-        "8",
-        "--unroll_length",
-        "20",
-        "--learning_rate",
-        "0.002",
-        "--entropy_cost",
-        "0.01",
-        "--total_steps",
-        "500000",
-        "--seed",
-        "1",
-        "--disable_cuda",
-        "--xpid",
-        "cartpole",
-        timeout=600,
+        *("--replay_size", "5000", "--replay_ratio", "1", "--learn_start", "1000"),
+        *("--env", "CartPole-v1", "--num_actors", "2", "--envs_per_actor", "4"),
+        *("--batch_size", "4", "--unroll_length", "20", "--total_steps", "4000"),
+        *("--disable_cuda", "--xpid", "laser"),
     )
     assert result.returncode == 0, result.stderr
-    rows = read_rows(tmp_path / "cartpole" / "logs.csv")
-    assert int(rows[-1]["step"]) <= 500_000 + 8 * 20
-    step = first_step_reaching(rows, 400)
-    assert step is not None, "the 100-episode mean return never reached 400"
-    assert step <= 500_000
-    if replay:
-        assert int(rows[-1]["replayed_columns"]) == 8  # B * replay_ratio
-        assert int(rows[-1]["step"]) - int(rows[-2]["step"]) == 8 * 20  # online steps only
+    rows = read_rows(tmp_path / "laser" / "logs.csv")
+    assert int(rows[0]["replayed_columns"]) == 0  # nothing to replay before --learn_start
+    assert int(rows[-1]["replayed_columns"]) == 4  # B * replay_ratio
+    steps = [int(row["step"]) for row in rows]
+    assert {b - a for a, b in zip(steps, steps[1:], strict=False)} == {4 * 20}  # online only
 
 
 def test_a_replay_too_large_for_this_machine_is_one_clear_error(tmp_path):
