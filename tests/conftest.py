@@ -13,6 +13,12 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# A suite started in the background by a non-interactive shell (`nohup make test &`)
+# inherits SIGINT ignored, and so would every run it starts: the tests of Ctrl-C would see
+# runs that cannot be interrupted. Python's own handler here gives children the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @pytest.fixture
 def sockets():
