@@ -10,6 +10,9 @@ import sys
 import pytest
 
 from tests.test_polybeast import REPO
+from torchbeast.bench import epochs_text
+from torchbeast.config.flags import parse_flags
+from torchbeast.config.parsers import make_bench_parser
 
 SMALL = ["--env", "CartPole-v1", "--batch_size", "8", "--unroll_length", "20"]
 SMALL += ["--warmup_steps", "500", "--bench_steps", "2000"]
@@ -30,3 +33,13 @@ def test_bench_prints_sps_and_stage_costs(runtime):
     )
     layout = {"mono": "2 actors x 8 envs", "poly": "2 streams x 8 envs from 2 env servers"}
     assert layout[runtime] in result.stdout, result.stdout
+
+
+def test_bench_defaults_measure_the_data_path_with_one_step_per_batch():
+    # The original's batch shape and one gradient step, so the figure compares with the
+    # original's; training's defaults take two steps with PPO's clip.
+    flags = parse_flags([], make_bench_parser(["mono"]))
+    assert (flags.batch_size, flags.unroll_length, flags.epochs, flags.ppo_clip) == (4, 80, 1, 0)
+    assert epochs_text(flags) == "1 epoch"
+    recipe = parse_flags(["--epochs", "2", "--ppo_clip", "0.2"], make_bench_parser(["mono"]))
+    assert epochs_text(recipe) == "2 epochs, PPO clip 0.2"

@@ -63,6 +63,9 @@ def test_original_flag_has_the_original_default(name, default):
         ("entropy_cost", 0.001),
         ("learning_rate", 0.0007),
         ("epsilon", 1e-5),
+        ("rmsprop_init", 1.0),
+        ("epochs", 2),
+        ("ppo_clip", 0.2),
         ("weight_init", "orthogonal"),
     ],
 )

@@ -24,10 +24,12 @@ ENV_SPEC = EnvSpec("CartPole-v1", OBSERVATION_SHAPE, np.dtype(np.float32), A)
 
 
 def make_setup(**changes) -> Setup:
-    """T x B batches, 100 updates to the end of the learning rate's decay."""
-    return setup(
-        **{"unroll_length": T, "batch_size": B, "total_steps": 1500, "entropy_cost": 0.01} | changes
-    )
+    """T x B batches, 100 updates to the end of the learning rate's decay; IMPALA's step
+    (one gradient step per batch on the policy gradient) unless ``changes`` say otherwise:
+    the tests of --epochs and --ppo_clip name them."""
+    impala = {"epochs": 1, "ppo_clip": 0.0}
+    shape = {"unroll_length": T, "batch_size": B, "total_steps": 1500, "entropy_cost": 0.01}
+    return setup(**impala | shape | changes)
 
 
 def make_model(case: Setup, seed=0):

@@ -5,7 +5,9 @@
     python -m torchbeast.bench --runtime ray        # RayBeast on a local Ray, same run
     python -m torchbeast.bench --env CartPole-v1    # small-model figure
 
-Takes every training flag. After ``--warmup_steps`` it measures ``--bench_steps`` agent
+Takes every training flag; its defaults are the original's batch shape and one gradient
+step per batch (``--epochs 1 --ppo_clip 0``), so that its figure measures the data path
+and compares with the original's. After ``--warmup_steps`` it measures ``--bench_steps`` agent
 steps: wall-clock SPS, and CPU milliseconds per agent step in each stage. MonoBeast and
 RayBeast: stepping environments, actor inference, elsewhere in actors, and the learner
 process (batching, learning, publishing weights; for RayBeast the Ray driver, without
@@ -111,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def epochs_text(flags: argparse.Namespace) -> str:
+    """How the learner steps on each batch, e.g. "2 epochs, PPO clip 0.2"."""
+    text = f"{flags.epochs} epoch{'s' if flags.epochs > 1 else ''}"
+    return text + (f", PPO clip {flags.ppo_clip:g}" if flags.ppo_clip > 0 else "")
+
+
 def print_result(flags: argparse.Namespace, trainer: Trainer, result: dict) -> None:
     cores = len(os.sched_getaffinity(0))
     total_ms = sum(result["stages"].values())
@@ -120,7 +128,7 @@ def print_result(flags: argparse.Namespace, trainer: Trainer, result: dict) -> N
     name = RUNTIMES[flags.runtime].title
     print(
         f"{name} benchmark: {flags.env}, {trainer.config['kind']} model, "
-        f"B={flags.batch_size}, T={flags.unroll_length}, {layout}, "
+        f"B={flags.batch_size}, T={flags.unroll_length}, {epochs_text(flags)}, {layout}, "
         f"{flags.num_learner_threads} learner threads, learner on {trainer.device}, "
         f"{cores} cores, torch {torch.__version__}"
     )

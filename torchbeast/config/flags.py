@@ -40,6 +40,9 @@ ORIGINAL_DEFAULTS = {
     "entropy_cost": 0.0006,
     "learning_rate": 0.00048,
     "epsilon": 0.01,
+    "rmsprop_init": 0.0,  # PyTorch's RMSprop
+    "epochs": 1,  # one gradient step per batch
+    "ppo_clip": 0.0,  # the policy gradient
     "weight_init": "pytorch",
 }
 
@@ -245,18 +248,20 @@ def make_parser(
     )
     add(
         "--epochs",
-        default=1,
+        default=2,
         type=positive_int,
         metavar="K",
-        help="(new) Gradient steps on each batch (V-trace corrects for the policy moving).",
+        help="(new) Gradient steps on each batch (V-trace corrects for the policy moving); "
+        "1 is the original's single step.",
     )
     add(
         "--ppo_clip",
-        default=0.0,
+        default=0.2,
         type=nonnegative_float,
         metavar="EPS",
         help="(new) > 0: PPO's clipped surrogate, with pi/mu clipped to [1 - EPS, 1 + EPS], "
-        "in place of the policy-gradient loss; bounds how far --epochs passes move the policy.",
+        "in place of the policy-gradient loss; bounds how far --epochs passes move the policy. "
+        "0 is the original's policy gradient.",
     )
     add(
         "--reward_clipping",

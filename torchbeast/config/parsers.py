@@ -65,10 +65,14 @@ def make_bench_parser(runtimes: list[str]) -> argparse.ArgumentParser:
     """The benchmark's: every runtime's flags, ``--runtime`` one of ``runtimes``, and the
     measurement window."""
     parser = make_learner_parser("Benchmark a runtime: steady-state SPS and per-stage CPU costs.")
+    # The data path's figure, comparable with the original MonoBeast's: its batch shape and
+    # one gradient step per batch (the training defaults take two).
     parser.set_defaults(
         env="PongNoFrameskip-v4",
         batch_size=4,
         unroll_length=80,
+        epochs=1,
+        ppo_clip=0.0,
         num_actors=2,
         envs_per_actor=8,
         total_steps=10**12,
