@@ -80,6 +80,13 @@ def test_every_changed_default_is_listed_with_the_originals_value():
     assert changed == set(flags.ORIGINAL_DEFAULTS) | {"num_buffers"}
 
 
+def test_readme_lists_every_changed_default_in_its_deliberate_differences():
+    section = README.read_text().split("Deliberate differences")[1].split("\n- ")[1]
+    first_cells = [row.split("|")[1] for row in section.splitlines() if row.startswith("  |")]
+    listed = {name for cell in first_cells for name in re.findall(r"`--(\w+)`", cell)}
+    assert set(flags.ORIGINAL_DEFAULTS) <= listed
+
+
 def original_argv() -> list[str]:
     return [f"--{name}={value}" for name, value in flags.ORIGINAL_DEFAULTS.items()]
 
