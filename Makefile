@@ -28,7 +28,7 @@ test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
 
 # Learning checks: short runs (PixelCue, CartPole, CartPole with LASER, MinAtar Breakout) each
-# printed against its band, 6-9 minutes on 2 cores; ARGS=pong-early runs Pong's (~20 min).
+# printed against its band, 3-6 minutes on 2 cores; ARGS=pong-early runs Pong's (~21 min).
 learn: $(STAMP)
 	$(PY) -m torchbeast.learncheck $(ARGS)
 

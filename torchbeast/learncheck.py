@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m torchbeast.learncheck                 # the default checks, 5-8 min on 2 cores
+    python -m torchbeast.learncheck                 # the default checks, 3-6 min on 2 cores
     python -m torchbeast.learncheck pixelcue cartpole pong-early
 
 Each check trains with the default flags (PixelCue with flags of its own) and a fixed
@@ -80,7 +80,7 @@ CHECKS = {
             "--unroll_length",
             "20",
         ),
-        "1.0 by 4K steps",
+        "0.93-1.0",
         stop_early=False,
     ),
     "cartpole": Check(
@@ -99,10 +99,10 @@ CHECKS = {
             *("--batch_size", "8", "--unroll_length", "20", "--learning_rate", "0.002"),
             *("--entropy_cost", "0.01"),
         ),
-        "best 471-485 in 3 runs",
+        "best 471-490 in 4 runs",
         best=True,
     ),
-    "minatar-breakout": Check("MinAtar/Breakout-v1", 1_000_000, 4.0, (), "5.4 at 1M"),
+    "minatar-breakout": Check("MinAtar/Breakout-v1", 1_000_000, 4.0, (), "5.0-5.4 at 1M"),
     # Pong's early signal: past -10 within 1M steps (a random policy scores -20.5; one
     # step per batch, the defaults before, scored -16.5 and -20.0 there).
     "pong-early": Check(
