@@ -1,0 +1,90 @@
+"""What ends Riverraid's lives, under a random policy or a trained one.
+
+    python docs/analysis/riverraid_lives.py --lives 115
+    python docs/analysis/riverraid_lives.py --checkpoint ~/logs/torchbeast/rr_nvna/model.tar
+
+Plays one game after another (the survival proxy's env, as training sees it: FIRE after a
+lost life) until ``--lives`` lives are lost, and prints how long a life lasted, what the fuel
+meter read 60 agent steps before each life was taken (about when the plane crashed: the
+game takes the life some 40 steps after the crash), and how often each action was taken.
+With ``--checkpoint`` the actions are sampled from the trained policy (as in training),
+otherwise uniformly at random. The figures of the README's Riverraid section come from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+
+import numpy as np
+import torch
+
+from torchbeast import envs
+from torchbeast.core import checkpoint
+from torchbeast.core.models import create_model
+from torchbeast.envs import riverraid
+from torchbeast.envs.settings import EnvSettings
+
+STEPS_BEFORE_LOSS = 60
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", help="a run's model.tar (default: a random policy)")
+    parser.add_argument("--lives", type=int, default=100, help="lives to play (default 100)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)  # the policy's sampled actions
+
+    settings = EnvSettings("RiverraidNoFrameskip-v4", fuel_multiplier=1.0, move_penalty=0.0)
+    env = envs.create_env(settings, num_envs=1)
+    ale = env.env.envs[0].unwrapped.ale
+    action_names = env.env.envs[0].unwrapped.get_action_meanings()
+    model = None
+    if args.checkpoint:
+        state = checkpoint.load(os.path.expanduser(args.checkpoint))
+        spec = env.spec
+        model = create_model(state["model_config"], spec.observation_shape, spec.num_actions)
+        model.load_state_dict(state["model_state_dict"])
+        model.train()  # sample actions, as the actors do
+        core_state = model.initial_state(1)
+    rng = np.random.default_rng(args.seed)
+
+    env_output = {k: torch.from_numpy(v) for k, v in env.reset(seed=args.seed).items()}
+    counts: collections.Counter[str] = collections.Counter()
+    life_lengths, fuel_before_loss, fuel_trace = [], [], []
+    while len(life_lengths) < args.lives:
+        if model is None:
+            action = rng.integers(len(action_names), size=1)
+        else:
+            with torch.inference_mode():
+                inputs = {k: v.unsqueeze(0) for k, v in env_output.items()}
+                outputs, core_state = model(inputs, core_state)
+            action = outputs["action"][0].numpy()
+        counts[action_names[int(action[0])]] += 1
+        step = env.step(action)
+        env_output = {k: torch.from_numpy(v) for k, v in step.items()}
+        fuel_trace.append(int(ale.getRAM()[riverraid.FUEL_METER_HIGH]))
+        if step["done"][0]:
+            life_lengths.append(len(fuel_trace))
+            if len(fuel_trace) > STEPS_BEFORE_LOSS:
+                fuel_before_loss.append(fuel_trace[-STEPS_BEFORE_LOSS])
+            fuel_trace = []
+    env.close()
+
+    print(f"lives {len(life_lengths)}: {np.mean(life_lengths):.0f} steps on average")
+    fuel = np.array(fuel_before_loss)
+    print(
+        f"fuel meter {STEPS_BEFORE_LOSS} steps before a life was taken: "
+        f"min {fuel.min()}, median {np.median(fuel):.0f}, max {fuel.max()} (full: 255)"
+    )
+    total = sum(counts.values())
+    sideways = sum(n for name, n in counts.items() if "LEFT" in name or "RIGHT" in name)
+    print(f"sideways actions (LEFT or RIGHT in the name): {sideways / total:.3f}")
+    print(" ".join(f"{name} {n / total:.3f}" for name, n in counts.most_common()))
+
+
+if __name__ == "__main__":
+    main()
