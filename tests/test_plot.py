@@ -1,5 +1,6 @@
 """Tests for torchbeast.plot and torchbeast.curves: reading logs.csv, writing curve PNGs."""
 
+import gzip
 import math
 from pathlib import Path
 
@@ -87,6 +88,39 @@ def test_read_logs_accepts_run_folder(tmp_path):
     folder = write_run(tmp_path, "run")
 
     assert curves.read_logs(folder)["step"].tolist() == [3200.0, 6400.0, 9600.0]
+
+
+def test_read_logs_reads_a_gzipped_copy_as_the_plain_file(tmp_path):
+    folder = write_run(tmp_path, "pong", HEADER + ROWS + RESUMED)
+    packed = tmp_path / "pong.logs.csv.gz"
+    packed.write_bytes(gzip.compress((folder / "logs.csv").read_bytes()))
+
+    plain, unpacked = curves.read_logs(folder), curves.read_logs(packed)
+
+    assert list(unpacked) == list(plain)
+    for name in plain:
+        np.testing.assert_array_equal(unpacked[name], plain[name])
+
+
+def test_read_logs_reads_a_committed_run_log():
+    logs = curves.read_logs(Path(__file__).parents[1] / "docs/runs/breakout_5m.logs.csv.gz")
+
+    assert logs["step"][-1] >= 5_000_000
+    assert np.nanmax(logs["mean_episode_return"]) > 300
+
+
+def test_main_plots_a_gzipped_log_labelled_by_its_name(tmp_path, monkeypatch):
+    runs = tmp_path / "docs" / "runs"
+    runs.mkdir(parents=True)
+    packed = runs / "breakout_5m.logs.csv.gz"
+    packed.write_bytes(gzip.compress((HEADER + ROWS).encode()))
+    labels = []  # the legend's labels, as the figure would be drawn with them
+    monkeypatch.setattr(plot, "plot_runs", lambda runs, *a, **k: labels.extend(runs))
+
+    code = plot.main([str(packed), "--out", str(tmp_path / "out.png")])
+
+    assert code == 0
+    assert labels == ["breakout_5m"]
 
 
 def test_smooth_is_trailing_mean_over_window():

@@ -4,6 +4,7 @@ logs into columns, and turning them into (steps, value) curves, smoothed or as S
 from __future__ import annotations
 
 import csv
+import gzip
 import math
 import os
 from pathlib import Path
@@ -20,7 +21,8 @@ def _to_float(cell: str) -> float:
 
 
 def read_logs(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
-    """Read a torchbeast ``logs.csv`` (or the run folder holding it).
+    """Read a torchbeast ``logs.csv`` (or the run folder holding it, or a gzipped copy
+    such as the ``docs/runs/*.logs.csv.gz`` the README's curves come from).
 
     Returns one float array per column, all of the same length (one entry per
     data row). Empty cells are NaN. Every ``# `` line is a header whose field
@@ -33,7 +35,8 @@ def read_logs(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     rows: list[dict[str, float]] = []
     columns: dict[str, None] = {}  # ordered set of every field name seen
     fields: list[str] | None = None
-    with path.open(newline="") as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", newline="") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue

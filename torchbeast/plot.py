@@ -4,6 +4,7 @@ Usage::
 
     python -m torchbeast.plot --xpid pong_1 [--xpid pong_2 ...] [--savedir DIR]
     python -m torchbeast.plot path/to/run_dir_or_logs.csv ... [--out curves.png]
+    python -m torchbeast.plot docs/runs/breakout_5m.logs.csv.gz  # a committed log
 
 The figure has two panels sharing the x axis (agent steps): mean episode return
 on top, steps per second (SPS) below. Each run is one line, labelled by its
@@ -117,7 +118,7 @@ def _resolve_runs(paths: list[str], xpids: list[str], savedir: str) -> list[Run]
         if not path.exists():
             raise PlotError(f"{path} does not exist: pass a run's folder or its {LOGS_NAME}")
         if path.is_file():
-            runs.append(Run(path.parent.resolve().name, path.parent, path))
+            runs.append(Run(_file_label(path), path.parent, path))
         else:
             runs.append(Run(path.resolve().name, path, path / LOGS_NAME))
     for xpid in xpids:
@@ -129,6 +130,17 @@ def _resolve_runs(paths: list[str], xpids: list[str], savedir: str) -> list[Run]
             )
         runs.append(Run(xpid, folder, folder / LOGS_NAME))
     return runs
+
+
+def _file_label(path: Path) -> str:
+    """A run's name from its logs file: the folder of a ``logs.csv``, else the file's
+    name without ``.logs.csv.gz`` (``docs/runs/breakout_5m.logs.csv.gz``: breakout_5m)."""
+    if path.name == LOGS_NAME:
+        return path.parent.resolve().name
+    name = path.name
+    for suffix in (".gz", ".csv", ".logs"):
+        name = name.removesuffix(suffix)
+    return name
 
 
 def _load(run: Run) -> dict[str, np.ndarray]:
