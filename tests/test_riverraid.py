@@ -315,6 +315,23 @@ def test_real_rom_the_jump_back_to_the_middle_is_one_move_and_the_life_taken_pay
     assert rewards[taken] == 0  # not alive; and no move
 
 
+def test_real_rom_survival_proxy_starts_every_game_so_a_noop_agent_cannot_wait_forever():
+    # A new game ignores the controller for its first frames; pressed then, the reset's
+    # FIRE would leave the game waiting, paying 10 per step to an agent that never starts.
+    env = create_env(env_settings(parse_flags(["--env", RIVERRAID, "--move_penalty", "0"])))
+    try:
+        env.reset(seed=0)
+        games_over = 0
+        for _ in range(3000):
+            step = env.step(np.zeros(1, np.int64))
+            games_over += int(step["episode_end"][0])
+            if games_over == 2:
+                break
+    finally:
+        env.close()
+    assert games_over == 2  # flying straight crashes: two whole games within 3,000 steps
+
+
 def test_polybeast_passes_proxy_values_that_look_like_options_to_its_env_servers():
     learner_flags = parse_flags(
         ["--env", RIVERRAID, "--move_penalty=-1e-05", "--fuel_multiplier", "1"],

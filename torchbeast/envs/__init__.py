@@ -73,14 +73,29 @@ def _atari_vector_env(env_id: str, num_envs: int, num_threads: int) -> gym.vecto
 
 
 class FireOnReset(gym.Wrapper):
-    """Presses FIRE after reset, for games that wait for it."""
+    """Presses FIRE after reset, for games that wait for it.
+
+    ``first_input_frame``: a game that ignores the controller for its first frames (Riverraid)
+    gets NOOPs until that emulator frame, then FIRE; pressed earlier, FIRE would leave the
+    new game waiting for the agent, which a survival proxy pays to never start it.
+    """
+
+    def __init__(self, env: gym.Env, first_input_frame: int = 0):
+        super().__init__(env)
+        self.first_input_frame = first_input_frame
 
     def reset(self, **kwargs):
         observation, info = self.env.reset(**kwargs)
-        if "FIRE" in self.env.unwrapped.get_action_meanings():
+        if "FIRE" not in self.env.unwrapped.get_action_meanings():
+            return observation, info
+        console = self.env.unwrapped.ale
+        terminated = truncated = False
+        while console.getEpisodeFrameNumber() < self.first_input_frame and not terminated:
+            observation, _, terminated, truncated, info = self.env.step(0)
+        if not terminated:
             observation, _, terminated, truncated, info = self.env.step(1)
-            if terminated or truncated:
-                observation, info = self.env.reset(**kwargs)
+        if terminated or truncated:
+            observation, info = self.env.reset(**kwargs)
         return observation, info
 
 
@@ -89,7 +104,8 @@ def make_single_atari(
 ) -> gym.Env:
     """The same preprocessing from Gymnasium's wrappers: for rendering one game, and for
     Riverraid's reward proxies, which need each emulator frame's score."""
-    frame_limit = gym_spec(env_id).kwargs.get("max_num_frames_per_episode", 108000)
+    spec = gym_spec(env_id)
+    frame_limit = spec.kwargs.get("max_num_frames_per_episode", 108000)
     env = gym.make(
         env_id, frameskip=1, render_mode=render_mode, max_num_frames_per_episode=frame_limit
     )
@@ -98,7 +114,8 @@ def make_single_atari(
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
     if proxy is not None:
         env = riverraid.ProxyReward(env, frame_scores, proxy)
-    env = FireOnReset(env)
+    first_input_frame = riverraid.FIRST_INPUT_FRAME if riverraid.is_riverraid(spec) else 0
+    env = FireOnReset(env, first_input_frame)
     return gym.wrappers.FrameStackObservation(env, 4)
 
 

@@ -47,6 +47,10 @@ FUEL_METER_LOW = 56  # likewise
 NO_MISSILE_Y = 180  # missile_y when no missile of the plane's is in flight
 
 CANISTER_POINTS = 80  # the score of one fuel canister, which nothing else scores
+# A new game ignores the controller at first: FIRE held for one agent step (4 frames)
+# starts it when pressed from emulator frame 76 on, and leaves it waiting for the agent
+# when pressed before (measured), so the FIRE at reset waits until this frame.
+FIRST_INPUT_FRAME = 80
 ALIVE_REWARD = 10.0
 CENTRE_X = 76
 PROXY_FLAGS = ("fuel_multiplier", "move_penalty", "true_move_penalty")
