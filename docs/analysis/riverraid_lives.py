@@ -2,13 +2,18 @@
 
     python docs/analysis/riverraid_lives.py --lives 115
     python docs/analysis/riverraid_lives.py --checkpoint ~/logs/torchbeast/rr_nvna/model.tar
+    python docs/analysis/riverraid_lives.py --action DOWNFIRE --lives 40
+    python docs/analysis/riverraid_lives.py --checkpoint CKPT --screens crashes.png
 
 Plays one game after another (the survival proxy's env, as training sees it: FIRE after a
 lost life) until ``--lives`` lives are lost, and prints how long a life lasted, what the fuel
 meter read 60 agent steps before each life was taken (about when the plane crashed: the
 game takes the life some 40 steps after the crash), and how often each action was taken.
-With ``--checkpoint`` the actions are sampled from the trained policy (as in training),
-otherwise uniformly at random. The figures of the README's Riverraid section come from it.
+With ``--checkpoint`` the actions are sampled from the trained policy (as in training), with
+``--action`` one action is pressed throughout, otherwise actions are uniformly at random.
+``--screens`` saves the screen at each of the first 8 crashes (the step at which the plane
+stopped moving, before the game put it back in the middle and took the life). The figures
+of the README's Riverraid section come from it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import os
 
 import numpy as np
 import torch
+from PIL import Image
 
 from torchbeast import envs
 from torchbeast.core import checkpoint
@@ -27,12 +33,32 @@ from torchbeast.envs import riverraid
 from torchbeast.envs.settings import EnvSettings
 
 STEPS_BEFORE_LOSS = 60
+CRASH_SCREENS = 8
+
+
+def crash_step(positions: list[int]) -> int:
+    """The step of one life (an index into ``positions``, the plane's x at each step) at
+    which the plane crashed.
+
+    After a crash the plane stays where it hit (about 24 steps), then the game puts it
+    back in the middle and takes the life some 20 steps later: the crash is where the
+    last still stretch but one begins.
+    """
+    middle = len(positions) - 1
+    while middle > 0 and positions[middle - 1] == positions[middle]:
+        middle -= 1
+    hit = max(middle - 1, 0)
+    while hit > 0 and positions[hit - 1] == positions[hit]:
+        hit -= 1
+    return hit
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", help="a run's model.tar (default: a random policy)")
+    parser.add_argument("--action", help="press this action throughout, e.g. DOWNFIRE")
     parser.add_argument("--lives", type=int, default=100, help="lives to play (default 100)")
+    parser.add_argument("--screens", help="save the first crashes' screens to this PNG")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -55,8 +81,11 @@ def main() -> None:
     env_output = {k: torch.from_numpy(v) for k, v in env.reset(seed=args.seed).items()}
     counts: collections.Counter[str] = collections.Counter()
     life_lengths, fuel_before_loss, fuel_trace = [], [], []
+    positions, screens, crashes = [], [], []
     while len(life_lengths) < args.lives:
-        if model is None:
+        if args.action:
+            action = np.array([action_names.index(args.action)])
+        elif model is None:
             action = rng.integers(len(action_names), size=1)
         else:
             with torch.inference_mode():
@@ -67,12 +96,19 @@ def main() -> None:
         step = env.step(action)
         env_output = {k: torch.from_numpy(v) for k, v in step.items()}
         fuel_trace.append(int(ale.getRAM()[riverraid.FUEL_METER_HIGH]))
+        positions.append(int(ale.getRAM()[riverraid.PLAYER_X]))
+        if args.screens:
+            screens = screens[-STEPS_BEFORE_LOSS:] + [ale.getScreenRGB()]
         if step["done"][0]:
             life_lengths.append(len(fuel_trace))
             if len(fuel_trace) > STEPS_BEFORE_LOSS:
                 fuel_before_loss.append(fuel_trace[-STEPS_BEFORE_LOSS])
-            fuel_trace = []
+            if args.screens and len(crashes) < CRASH_SCREENS:
+                crashes.append(screens[max(crash_step(positions) - len(positions), -len(screens))])
+            fuel_trace, positions = [], []
     env.close()
+    if crashes:
+        Image.fromarray(np.concatenate(crashes, axis=1)).save(args.screens)
 
     print(f"lives {len(life_lengths)}: {np.mean(life_lengths):.0f} steps on average")
     fuel = np.array(fuel_before_loss)
