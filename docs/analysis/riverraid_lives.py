@@ -12,8 +12,10 @@ game takes the life some 40 steps after the crash), and how often each action wa
 With ``--checkpoint`` the actions are sampled from the trained policy (as in training), with
 ``--action`` one action is pressed throughout, otherwise actions are uniformly at random.
 ``--screens`` saves the screen at each of the first 8 crashes (the step at which the plane
-stopped moving, before the game put it back in the middle and took the life). The figures
-of the README's Riverraid section come from it.
+stopped moving, before the game put it back in the middle and took the life). With a
+checkpoint it also prints the critic's value in the steps before each life was taken beside
+the return that was actually left (a critic that saw the crash coming would match it).
+The figures of the README's Riverraid section come from it.
 """
 
 from __future__ import annotations
@@ -34,21 +36,24 @@ from torchbeast.envs.settings import EnvSettings
 
 STEPS_BEFORE_LOSS = 60
 CRASH_SCREENS = 8
+MAX_STILL_AFTER_CRASH = 27
+BEFORE_LOSS = (120, 90, 60, 45, 30, 15, 1)  # steps before a life is taken
 
 
 def crash_step(positions: list[int]) -> int:
     """The step of one life (an index into ``positions``, the plane's x at each step) at
     which the plane crashed.
 
-    After a crash the plane stays where it hit (about 24 steps), then the game puts it
-    back in the middle and takes the life some 20 steps later: the crash is where the
-    last still stretch but one begins.
+    After a crash the plane stays where it hit for 20 to 27 steps (measured under random
+    play), then the game puts it back in the middle and takes the life, at once or some
+    20 steps later: the crash is where the last still stretch but one begins, and no more
+    than 27 steps before the jump (a plane that flew straight was still before it hit).
     """
-    middle = len(positions) - 1
-    while middle > 0 and positions[middle - 1] == positions[middle]:
-        middle -= 1
-    hit = max(middle - 1, 0)
-    while hit > 0 and positions[hit - 1] == positions[hit]:
+    jump = len(positions) - 1
+    while jump > 0 and positions[jump - 1] == positions[jump]:
+        jump -= 1
+    hit = max(jump - 1, 0)
+    while hit > max(jump - MAX_STILL_AFTER_CRASH, 0) and positions[hit - 1] == positions[hit]:
         hit -= 1
     return hit
 
@@ -76,12 +81,15 @@ def main() -> None:
         model.load_state_dict(state["model_state_dict"])
         model.train()  # sample actions, as the actors do
         core_state = model.initial_state(1)
+        value_scale = state.get("value_scale", {}).get("scale", 1.0)
+        discount = state["flags"]["discounting"]
     rng = np.random.default_rng(args.seed)
 
     env_output = {k: torch.from_numpy(v) for k, v in env.reset(seed=args.seed).items()}
     counts: collections.Counter[str] = collections.Counter()
     life_lengths, fuel_before_loss, fuel_trace = [], [], []
-    positions, screens, crashes = [], [], []
+    positions, screens, crashes, values = [], [], [], []
+    critic, left = collections.defaultdict(list), collections.defaultdict(list)
     while len(life_lengths) < args.lives:
         if args.action:
             action = np.array([action_names.index(args.action)])
@@ -92,6 +100,7 @@ def main() -> None:
                 inputs = {k: v.unsqueeze(0) for k, v in env_output.items()}
                 outputs, core_state = model(inputs, core_state)
             action = outputs["action"][0].numpy()
+            values.append(float(outputs["baseline"].flatten()[0]) * value_scale)
         counts[action_names[int(action[0])]] += 1
         step = env.step(action)
         env_output = {k: torch.from_numpy(v) for k, v in step.items()}
@@ -105,7 +114,12 @@ def main() -> None:
                 fuel_before_loss.append(fuel_trace[-STEPS_BEFORE_LOSS])
             if args.screens and len(crashes) < CRASH_SCREENS:
                 crashes.append(screens[max(crash_step(positions) - len(positions), -len(screens))])
-            fuel_trace, positions = [], []
+            for steps in BEFORE_LOSS if values else ():
+                if steps <= len(values):
+                    critic[steps].append(values[-steps])
+                    alive = steps - 1  # the step that takes the life pays 0
+                    left[steps].append((1 - discount**alive) / (1 - discount))
+            fuel_trace, positions, values = [], [], []
     env.close()
     if crashes:
         Image.fromarray(np.concatenate(crashes, axis=1)).save(args.screens)
@@ -120,6 +134,9 @@ def main() -> None:
     sideways = sum(n for name, n in counts.items() if "LEFT" in name or "RIGHT" in name)
     print(f"sideways actions (LEFT or RIGHT in the name): {sideways / total:.3f}")
     print(" ".join(f"{name} {n / total:.3f}" for name, n in counts.most_common()))
+    if critic:
+        print("steps before a life was taken: critic's value / discounted return left")
+        print("  ".join(f"{k}: {np.mean(critic[k]):.1f}/{np.mean(left[k]):.1f}" for k in critic))
 
 
 if __name__ == "__main__":
