@@ -13,9 +13,9 @@ With ``--checkpoint`` the actions are sampled from the trained policy (as in tra
 ``--action`` one action is pressed throughout, otherwise actions are uniformly at random.
 ``--screens`` saves the screen at each of the first 8 crashes (the step at which the plane
 stopped moving, before the game put it back in the middle and took the life). With a
-checkpoint it also prints the critic's value in the steps before each life was taken beside
-the return that was actually left (a critic that saw the crash coming would match it).
-The figures of the README's Riverraid section come from it.
+checkpoint trained on the survival proxy it also prints the critic's value in the steps
+before each life was taken beside the return that was actually left (a critic that saw the
+crash coming would match it). The figures of the README's Riverraid section come from it.
 """
 
 from __future__ import annotations
@@ -83,6 +83,8 @@ def main() -> None:
         core_state = model.initial_state(1)
         value_scale = state.get("value_scale", {}).get("scale", 1.0)
         discount = state["flags"]["discounting"]
+        trained = riverraid.proxy_from_flags(argparse.Namespace(**state["flags"]))
+        survival = trained == riverraid.RewardProxy()  # +10 per step alive, nothing else
     rng = np.random.default_rng(args.seed)
 
     env_output = {k: torch.from_numpy(v) for k, v in env.reset(seed=args.seed).items()}
@@ -114,7 +116,7 @@ def main() -> None:
                 fuel_before_loss.append(fuel_trace[-STEPS_BEFORE_LOSS])
             if args.screens and len(crashes) < CRASH_SCREENS:
                 crashes.append(screens[max(crash_step(positions) - len(positions), -len(screens))])
-            for steps in BEFORE_LOSS if values else ():
+            for steps in BEFORE_LOSS if values and survival else ():
                 if steps <= len(values):
                     critic[steps].append(values[-steps])
                     alive = steps - 1  # the step that takes the life pays 0
