@@ -216,10 +216,17 @@ def test_rmsprop_mean_square_starting_at_zero_is_pytorchs_rmsprop():
 # Non-finite losses are refused.
 
 
+# Deferred: the checks a GPU learner makes once per update, here run on the CPU.
+CHECKS = pytest.mark.parametrize("deferred", [False, True], ids=["each pass", "deferred"])
+
+
+@CHECKS
 @pytest.mark.parametrize("key", ["reward", "frame", "policy_logits"])
-def test_nan_in_the_batch_raises_and_leaves_the_parameters_unchanged(key):
-    case = make_setup()
+def test_nan_in_the_batch_raises_and_leaves_the_parameters_unchanged(key, deferred):
+    case = make_setup(epochs=2)
     learner = Learner(case.learner, make_model(case))
+    learner.deferred_checks = deferred
+    optimizer_before = copy.deepcopy(learner.optimizer.state_dict()["state"])
     before = parameters(learner.model)
     batch = make_batch()
     batch[key][2, 1] = float("nan")
@@ -227,12 +234,16 @@ def test_nan_in_the_batch_raises_and_leaves_the_parameters_unchanged(key):
         learner.learn(batch)
     for old, new in zip(before, learner.model.parameters(), strict=True):
         assert torch.equal(old, new)
+    for index, state in learner.optimizer.state_dict()["state"].items():
+        assert all(torch.equal(state[k], optimizer_before[index][k]) for k in state)
     assert (learner.step, learner.updates) == (0, 0)
 
 
-def test_after_a_refused_update_the_next_batch_learns_as_from_scratch():
+@CHECKS
+def test_after_a_refused_update_the_next_batch_learns_as_from_scratch(deferred):
     case = make_setup()
     refused = Learner(case.learner, make_model(case))
+    refused.deferred_checks = deferred
     batch = make_batch()
     batch["reward"][2, 1] = float("nan")
     with pytest.raises(NonFiniteLossError):
@@ -581,9 +592,10 @@ def test_steps_and_episodes_count_online_columns_only():
 
 def test_explained_variance_is_one_for_a_perfect_value_and_zero_for_the_mean():
     targets = torch.tensor([1.0, 2.0, 3.0, 6.0])
-    assert explained_variance(targets, targets) == pytest.approx(1.0)
-    assert explained_variance(targets, torch.full_like(targets, 3.0)) == pytest.approx(0.0)
+    assert float(explained_variance(targets, targets)) == pytest.approx(1.0)
+    assert float(explained_variance(targets, torch.full_like(targets, 3.0))) == pytest.approx(0.0)
     assert math.isnan(explained_variance(torch.ones(4), torch.zeros(4)))
+    assert math.isnan(explained_variance(targets, targets, torch.tensor([1, 0, 0, 0]).bool()))
 
 
 def test_diagnostics_are_the_entropy_kl_and_clipped_weights_of_the_batch():
@@ -744,3 +756,102 @@ def test_ppo_clip_stops_epochs_from_moving_the_policy_far_from_the_behaviour():
             outputs, _ = learner.model(batch, ())
         kls[clip] = float(losses.policy_kl(outputs["policy_logits"], batch["policy_logits"]).mean())
     assert kls[0.1] < 0.5 * kls[0.0], kls
+
+
+def fail_second_pass(learner: Learner) -> None:
+    """Makes the second gradient step of each update fail as a non-finite loss would."""
+    original_apply, calls = learner._apply, []
+
+    def apply(total_loss):
+        calls.append(1)
+        if len(calls) % 2 == 0:
+            raise NonFiniteLossError("loss became nan")
+        return original_apply(total_loss)
+
+    learner._apply = apply
+
+
+def test_a_failing_later_epoch_leaves_no_optimizer_state_it_created():
+    # Adam makes its state at its first step: undone, there is none, as before the update.
+    case = make_setup(epochs=2, optimizer="adam", learning_rate=0.001)
+    learner = Learner(case.learner, make_model(case))
+    before = parameters(learner.model)
+    fail_second_pass(learner)
+    with pytest.raises(NonFiniteLossError):
+        learner.learn(make_batch())
+    assert all(torch.equal(a, b) for a, b in zip(before, learner.model.parameters(), strict=True))
+    assert not learner.optimizer.state
+
+
+def test_a_failing_later_epoch_is_undone_after_the_learner_loads_a_checkpoint():
+    case = make_setup(epochs=2)
+    trained = Learner(case.learner, make_model(case))
+    trained.learn(make_batch(seed=1))
+    learner = Learner(case.learner, make_model(case, seed=2))
+    learner.learn(make_batch(seed=2))  # the undo buffer now holds this optimizer's tensors
+    learner.load_state_dict(copy.deepcopy(trained.state_dict()))  # ... which loading replaces
+    loaded = copy.deepcopy(learner.state_dict())
+    fail_second_pass(learner)
+    with pytest.raises(NonFiniteLossError):
+        learner.learn(make_batch(seed=3))
+    for name, tensor in learner.model.state_dict().items():
+        assert torch.equal(tensor, loaded["model_state_dict"][name]), name
+    for index, state in learner.optimizer.state_dict()["state"].items():
+        for key, tensor in state.items():
+            assert torch.equal(tensor, loaded["optimizer_state_dict"]["state"][index][key])
+
+
+def test_the_bootstrap_frame_takes_no_gradient():
+    # V-trace takes no gradient through the value beyond the rollout: the learner does not
+    # keep the last frame's graph, and the gradient is the one of the whole forward pass.
+    case = make_setup()
+    model = make_model(case)
+    batch = make_batch()
+    learner = Learner(case.learner, model)
+    learner._losses(batch, (), None).total_loss.backward()
+    ours = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    outputs, _ = model(batch, (), act=False)  # every frame with a graph, as before
+    vs = vtrace.from_logits(
+        behavior_policy_logits=batch["policy_logits"][1:],
+        target_policy_logits=outputs["policy_logits"][:-1],
+        actions=batch["action"][1:],
+        discounts=(~batch["done"][1:]).float() * case.learner.discounting,
+        rewards=torch.clamp(batch["reward"][1:], -1, 1),
+        values=outputs["baseline"][:-1],
+        bootstrap_value=outputs["baseline"][-1],
+    )
+    pg = losses.policy_gradient_loss(
+        outputs["policy_logits"][:-1], batch["action"][1:], vs.pg_advantages
+    )
+    baseline = case.learner.baseline_cost * losses.baseline_loss(vs.vs - outputs["baseline"][:-1])
+    entropy = case.learner.entropy_cost * losses.entropy_loss(outputs["policy_logits"][:-1])
+    (pg + baseline + entropy).backward()
+    for mine, whole in zip(ours, (p.grad for p in model.parameters()), strict=True):
+        torch.testing.assert_close(mine, whole)
+
+
+def test_deferred_checks_make_the_same_updates_and_errors_as_checks_of_each_pass():
+    results = {}
+    for deferred in (False, True):
+        case = make_setup(epochs=2, reward_clipping="none")
+        learner = Learner(case.learner, make_model(case))
+        learner.deferred_checks = deferred
+        stats = [learner.learn(make_batch(seed)) for seed in range(3)]
+        overflow = make_batch(3)
+        overflow["reward"][:] = 3e38  # finite rewards whose returns overflow: loss inf
+        with pytest.raises(NonFiniteLossError) as error:
+            learner.learn(overflow)
+        results[deferred] = stats, parameters(learner.model), str(error.value)
+    (stats, weights, message), (deferred_stats, deferred_weights, deferred_message) = (
+        results[False],
+        results[True],
+    )
+    np.testing.assert_equal(deferred_stats, stats)
+    assert all(torch.equal(a, b) for a, b in zip(weights, deferred_weights, strict=True))
+    assert deferred_message == message and message.startswith("loss became")
+
+
+def test_a_cpu_learner_checks_each_pass():
+    case = make_setup()
+    assert Learner(case.learner, make_model(case)).deferred_checks is False

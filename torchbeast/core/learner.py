@@ -24,7 +24,6 @@ per-update diagnostics by ``core.diagnostics``.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import threading
@@ -33,7 +32,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from torchbeast.core.diagnostics import diagnostics, mean_or_nan
+from torchbeast.core.diagnostics import diagnostics, masked_mean
 from torchbeast.core.loss_terms import LossTerms, loss_terms
 from torchbeast.core.models import CoreState
 from torchbeast.core.optim import lr_lambda, make_optimizer
@@ -76,6 +75,39 @@ class LearnerSettings:
     unroll_length: int
 
 
+class UndoBuffer:
+    """The model's weights and the optimizer's state as they were before an update, kept in
+    tensors allocated once, so that a multi-pass update that fails can be undone without
+    deep-copying state dicts on every update."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        self.model = model
+        self.optimizer = optimizer
+        self.live: list[torch.Tensor] = []  # what is saved ...
+        self.copies: list[torch.Tensor] = []  # ... and its copy
+        self.had_state: set[nn.Parameter] = set()
+
+    def save(self) -> None:
+        self.had_state = set(self.optimizer.state)
+        live = [*self.model.parameters(), *self.model.buffers()]
+        for state in self.optimizer.state.values():
+            live += [value for value in state.values() if torch.is_tensor(value)]
+        # New tensors (a resumed optimizer's, a lazily made state): new copies.
+        if len(live) != len(self.live) or any(
+            a is not b for a, b in zip(live, self.live, strict=True)
+        ):
+            self.live, self.copies = live, [torch.empty_like(tensor) for tensor in live]
+        with torch.no_grad():
+            torch._foreach_copy_(self.copies, self.live)
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            torch._foreach_copy_(self.live, self.copies)
+        for param in list(self.optimizer.state):  # state the failed update created
+            if param not in self.had_state:
+                del self.optimizer.state[param]
+
+
 class Learner:
     """Holds the model, optimizer and scheduler; ``learn`` applies one IMPALA update.
 
@@ -98,6 +130,11 @@ class Learner:
         self.optimizer = make_optimizer(settings, model)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(settings))
         self.value_scale = ValueScale(settings.normalize_values)
+        self.undo = UndoBuffer(model, self.optimizer)
+        # On a GPU each check of a pass waits for the device: there the update is checked
+        # once, at its end, and undone if it failed. On the CPU waiting costs nothing, and
+        # a failed pass is refused before its step (saving no state for one pass).
+        self.deferred_checks = next(model.parameters()).device.type == "cuda"
         self.on_update = on_update
         self.lock = threading.Lock()
         self.step = 0  # agent steps learned from
@@ -115,35 +152,73 @@ class Learner:
         replayed (default: all online).
         """
         with self.lock:
-            # A non-finite input would give a non-finite loss anyway; say which input it was.
-            for key in ("frame", "reward"):
-                if batch[key].is_floating_point() and not torch.isfinite(batch[key]).all():
-                    raise NonFiniteLossError(
-                        f"the batch holds a non-finite {key} at step {self.step}; the update "
-                        "was not applied. Check the environment's observations and rewards"
-                    )
+            # Whether the inputs are finite: a non-finite input would give a non-finite
+            # loss anyway; this says which input it was.
+            inputs_finite = {
+                key: torch.isfinite(batch[key]).all()
+                for key in ("frame", "reward")
+                if batch[key].is_floating_point()
+            }
+            if not self.deferred_checks:
+                self._check_inputs(inputs_finite)
+            # A failed pass must not leave the earlier ones applied (nor, with deferred
+            # checks, itself).
+            saved = self.deferred_checks or self.settings.epochs > 1
+            if saved:
+                self.undo.save()
             # --epochs passes over the batch, V-trace correcting for the policy moving
             # between them; the statistics describe the first pass.
-            first_pass = None
-            # A later pass that fails must not leave the earlier ones applied.
-            saved = self._snapshot() if self.settings.epochs > 1 else None
+            passes: list[tuple[LossTerms, torch.Tensor]] = []
             try:
                 for _ in range(self.settings.epochs):
                     terms = self._losses(batch, initial_core_state, num_online)
-                    norm = self._apply(terms.total_loss)
-                    if first_pass is None:
-                        first_pass, grad_norm = terms, norm
+                    passes.append((terms, self._apply(terms.total_loss)))
+                if self.deferred_checks:
+                    self._check_update(inputs_finite, passes)
             except NonFiniteLossError:
-                if saved is not None:
-                    self.model.load_state_dict(saved[0])
-                    self.optimizer.load_state_dict(saved[1])
+                if saved:
+                    self.undo.restore()
                 raise
             self.scheduler.step()
+            first_pass, grad_norm = passes[0]
             targets = first_pass.vtrace_returns.vs
             if first_pass.loss_mask is not None:
                 targets = targets[first_pass.loss_mask.bool()]
             self.value_scale.update(targets, self.model.baseline)
             return self._finish_update(first_pass, grad_norm)
+
+    def _check_inputs(self, inputs_finite: dict[str, torch.Tensor]) -> None:
+        for key, finite in inputs_finite.items():
+            if not finite:
+                raise NonFiniteLossError(
+                    f"the batch holds a non-finite {key} at step {self.step}; the update "
+                    "was not applied. Check the environment's observations and rewards"
+                )
+
+    def _check_pass(self, total_loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        total, norm = float(total_loss), float(grad_norm)
+        if not (math.isfinite(total) and math.isfinite(norm)):
+            raise NonFiniteLossError(
+                f"loss became {total} (gradient norm {norm}) at step {self.step}; "
+                "the update was not applied. Lower --learning_rate or check the "
+                "environment's rewards"
+            )
+
+    def _check_update(
+        self,
+        inputs_finite: dict[str, torch.Tensor],
+        passes: list[tuple[LossTerms, torch.Tensor]],
+    ) -> None:
+        """With deferred checks: one wait for the device for the whole update, and on a
+        failure the error the checks of each pass would have raised first."""
+        losses_and_norms = [(terms.total_loss.detach(), norm) for terms, norm in passes]
+        finite = [*inputs_finite.values()]
+        finite += [torch.isfinite(value) for pair in losses_and_norms for value in pair]
+        if bool(torch.stack(finite).all()):
+            return
+        self._check_inputs(inputs_finite)
+        for total_loss, grad_norm in losses_and_norms:
+            self._check_pass(total_loss, grad_norm)
 
     def nonfinite_columns(
         self,
@@ -168,13 +243,6 @@ class Learner:
                     bad.append(column)
         return bad
 
-    def _snapshot(self) -> tuple[dict, dict]:
-        """Copies of the model's and the optimizer's state, to undo a failed update."""
-        return (
-            copy.deepcopy(self.model.state_dict()),
-            copy.deepcopy(self.optimizer.state_dict()),
-        )
-
     def _losses(
         self,
         batch: dict[str, torch.Tensor],
@@ -186,48 +254,40 @@ class Learner:
             self.settings, self.model, self.value_scale, batch, initial_core_state, num_online
         )
 
-    def _apply(self, total_loss: torch.Tensor) -> float:
-        """One optimizer step on ``total_loss``; returns the gradient norm before clipping."""
+    def _apply(self, total_loss: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on ``total_loss``; returns the gradient norm before clipping
+        (a 0-dim tensor). Unless checks are deferred, a non-finite loss or gradient is
+        refused before the step."""
         self.optimizer.zero_grad()
         total_loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(
             self.model.parameters(), self.settings.grad_norm_clipping
         )
-        total, norm = float(total_loss.detach()), float(grad_norm)
-        if not (math.isfinite(total) and math.isfinite(norm)):
-            self.optimizer.zero_grad()
-            raise NonFiniteLossError(
-                f"loss became {total} (gradient norm {norm}) at step {self.step}; "
-                "the update was not applied. Lower --learning_rate or check the "
-                "environment's rewards"
-            )
+        if not self.deferred_checks:
+            try:
+                self._check_pass(total_loss.detach(), grad_norm)
+            except NonFiniteLossError:
+                self.optimizer.zero_grad()
+                raise
         self.optimizer.step()
-        return norm
+        return grad_norm.detach()
 
-    def _finish_update(self, terms: LossTerms, grad_norm: float) -> dict[str, float]:
-        """Counts the update, publishes the weights and returns the update's statistics."""
+    def _finish_update(self, terms: LossTerms, grad_norm: torch.Tensor) -> dict[str, float]:
+        """Counts the update, publishes the weights and returns the update's statistics,
+        read from the device at once."""
         batch, online = terms.batch, terms.online
-        self.step += int(online.sum())
-        updates_before = self.updates
-        self.updates += 1
-        self.model.policy_version.fill_(self.updates)
-        if self.on_update is not None:
-            self.on_update(self.model)
-
         ended = batch["episode_end"] & online  # [T, B]
-        episode_returns = batch["episode_return"][ended]
-        stats = {
-            "step": self.step,
-            "total_loss": float(terms.total_loss.detach()),
-            "mean_episode_return": mean_or_nan(episode_returns),
-            "pg_loss": float(terms.pg_loss.detach()),
-            "baseline_loss": float(terms.baseline_loss.detach()),
-            "entropy_loss": float(terms.entropy_loss.detach()),
-            "episodes": int(episode_returns.numel()),
-            "learning_rate": self.scheduler.get_last_lr()[0],
+        figures = {
+            "steps": online.sum(),
+            "total_loss": terms.total_loss.detach(),
+            "mean_episode_return": masked_mean(batch["episode_return"], ended),
+            "pg_loss": terms.pg_loss.detach(),
+            "baseline_loss": terms.baseline_loss.detach(),
+            "entropy_loss": terms.entropy_loss.detach(),
+            "episodes": ended.sum(),
             "grad_norm": grad_norm,
         }
-        stats.update(
+        figures.update(
             diagnostics(
                 terms.learner_outputs,
                 batch,
@@ -236,18 +296,37 @@ class Learner:
                 terms.real,
             )
         )
-        if "policy_version" in stats:
-            stats["policy_lag"] = updates_before - stats.pop("policy_version")
         # Agent steps of the episodes that ended (whole games for Atari).
-        stats["mean_episode_length"] = mean_or_nan(batch["episode_step"][ended].float())
+        figures["mean_episode_length"] = masked_mean(batch["episode_step"], ended)
         for name in self.episode_extras:
             key = extra_key(name)
-            stats[f"mean_{key}"] = mean_or_nan(batch[key][ended])
+            figures[f"mean_{key}"] = masked_mean(batch[key], ended)
+        if self.settings.replay_size > 0:
+            figures["trusted_fraction"] = torch.as_tensor(terms.trusted_fraction)
+        # One wait for the device for every figure.
+        values = torch.stack([figure.double().cpu() for figure in figures.values()])
+        values = dict(zip(figures, values.tolist(), strict=True))
+
+        self.step += int(values.pop("steps"))
+        updates_before = self.updates
+        self.updates += 1
+        self.model.policy_version.fill_(self.updates)
+        if self.on_update is not None:
+            self.on_update(self.model)
+
+        values["episodes"] = int(values["episodes"])
+        stats = {"step": self.step}
+        for key, value in values.items():
+            if key == "grad_norm":  # logs.csv keeps the columns of earlier releases in order
+                stats["learning_rate"] = self.scheduler.get_last_lr()[0]
+            if key == "policy_version":
+                key, value = "policy_lag", updates_before - value
+            stats[key] = value
         if self.value_scale.enabled:
             stats["value_scale"] = self.value_scale.scale
         if self.settings.replay_size > 0:
             stats["replayed_columns"] = batch["reward"].shape[1] - terms.num_online
-            stats["trusted_fraction"] = terms.trusted_fraction
+            stats["trusted_fraction"] = stats.pop("trusted_fraction")
         return stats
 
     def state_dict(self) -> dict:

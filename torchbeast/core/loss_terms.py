@@ -18,6 +18,9 @@ from torchbeast.core.value_scale import ValueScale
 if TYPE_CHECKING:
     from torchbeast.core.learner import LearnerSettings
 
+# What the model reads of a batch.
+MODEL_INPUTS = ("frame", "reward", "done", "last_action")
+
 
 @dataclasses.dataclass
 class LossTerms:
@@ -35,7 +38,7 @@ class LossTerms:
     online: torch.Tensor  # real steps of online columns
     loss_mask: torch.Tensor | None  # steps in the policy and baseline losses
     entropy_mask: torch.Tensor | None  # steps in the entropy loss: online ones
-    trusted_fraction: float
+    trusted_fraction: torch.Tensor | float  # of the replayed steps; NaN without any
     num_online: int
 
 
@@ -49,16 +52,21 @@ def loss_terms(
 ) -> LossTerms:
     """The V-trace losses of ``batch`` ([T+1, B, ...]) under ``model``'s current weights,
     and what they used; ``num_online``: see ``Learner.learn``."""
-    learner_outputs, _ = model(batch, initial_core_state, act=False)
+    # Steps 0..T-1 with gradient; the last frame only bootstraps the value beyond the
+    # rollout, and V-trace takes no gradient through it, so its forward pass keeps no graph
+    # (a sixth of the backward pass at T=5).
+    inputs = {key: batch[key][:-1] for key in MODEL_INPUTS}
+    learner_outputs, core_state = model(inputs, initial_core_state, act=False)  # [T, B, ...]
+    with torch.no_grad():
+        last = {key: batch[key][-1:] for key in MODEL_INPUTS}
+        bootstrap_value = model(last, core_state, act=False)[0]["baseline"][0]  # [B]
     scale = value_scale.scale  # the baseline head predicts V / scale
     if value_scale.enabled:
-        learner_outputs["baseline"] = scale * learner_outputs["baseline"]  # [T+1, B]
+        learner_outputs["baseline"] = scale * learner_outputs["baseline"]  # [T, B]
+        bootstrap_value = scale * bootstrap_value
 
-    # The last baseline bootstraps the value beyond the rollout.
-    bootstrap_value = learner_outputs["baseline"][-1]  # [B]
-    # Drop the overlap step of the batch and the bootstrap step of the outputs.
+    # Drop the overlap step of the batch: step t's action was chosen at output t - 1.
     batch = {key: tensor[1:] for key, tensor in batch.items()}
-    learner_outputs = {key: tensor[:-1] for key, tensor in learner_outputs.items()}
     mask = batch.get("mask")  # [T, B] True for real new steps, or None: all real
     T, B = batch["reward"].shape
     num_online = B if num_online is None else num_online
@@ -72,7 +80,7 @@ def loss_terms(
         kl = losses.policy_kl(learner_outputs["policy_logits"], batch["policy_logits"])  # [T, B]
         trusted = kl <= settings.trust_region_threshold
         replayed = real & ~online
-        trusted_fraction = float((trusted & replayed).sum()) / max(int(replayed.sum()), 1)
+        trusted_fraction = (trusted & replayed).sum() / replayed.sum().clamp(min=1)
         loss_mask = online | (replayed & trusted)  # [T, B]
         entropy_mask = online
 

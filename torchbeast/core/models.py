@@ -164,7 +164,12 @@ class Agent(nn.Module):
         frame = inputs["frame"]  # [T, B, *obs_shape]
         T, B = frame.shape[:2]
         x = frame.flatten(0, 1)
-        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        if x.dtype == torch.uint8:
+            if x.dim() == 4:  # the conv torsos' layout, made while a pixel is one byte
+                x = x.contiguous(memory_format=torch.channels_last)
+            x = x.float().div_(255.0)
+        else:
+            x = x.float()
         features = self.torso(x)  # [T*B, H]
 
         one_hot_last_action = F.one_hot(inputs["last_action"].flatten(0, 1), self.num_actions)
