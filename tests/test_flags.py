@@ -77,7 +77,8 @@ def test_every_changed_default_is_listed_with_the_originals_value():
     # Only the listed flags (and num_buffers, derived from them) differ from the original.
     recipe, original = vars(parse("--xpid", "x")), vars(parse("--xpid", "x", *original_argv()))
     changed = {name for name in recipe if recipe[name] != original[name]}
-    assert changed == set(flags.ORIGINAL_DEFAULTS) | {"num_buffers"}
+    derived = {"num_buffers", "layout_source"}  # from the flags above; the latter says so
+    assert changed == set(flags.ORIGINAL_DEFAULTS) | derived
 
 
 def test_readme_lists_every_changed_default_in_its_deliberate_differences():
@@ -99,11 +100,12 @@ def test_the_original_values_restore_the_original_defaults():
     assert restored.num_buffers == 8  # the original's max(2 * 4 actors, batch size 8)
 
 
-def test_default_layout_is_16_envs_over_the_cores(monkeypatch):
-    for cores, layout in [(1, (1, 16)), (2, (2, 8)), (3, (2, 8)), (4, (4, 4)), (64, (16, 1))]:
+def test_default_layout_is_8_envs_per_actor_over_half_the_cores(monkeypatch):
+    for cores, layout in [(1, (1, 8)), (2, (2, 8)), (3, (2, 8)), (4, (2, 8)), (16, (8, 8))]:
         monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
         parsed = parse()
         assert (parsed.num_actors, parsed.envs_per_actor) == layout
+        assert parsed.layout_source == f"chosen for {cores} cores"
 
 
 def test_num_actors_alone_keeps_one_env_per_actor_as_the_original():
@@ -233,6 +235,7 @@ def test_original_readme_monobeast_command_line_parses():
     assert vars(parsed) == vars(parse()) | {
         "num_actors": 45,
         "envs_per_actor": 1,  # naming --num_actors alone keeps the original's layout
+        "layout_source": "--num_actors",
         "total_steps": 30000000,
         "epsilon": 0.01,
         "unroll_length": 80,

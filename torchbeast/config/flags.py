@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from torchbeast.config.resolvers import (
-    DEFAULT_ENVS,
+    DEFAULT_ENVS_PER_ACTOR,
     Resolver,
     resolve_layout,
     resolve_num_buffers,
@@ -89,7 +89,8 @@ def make_parser(
         default=None,
         type=positive_int,
         metavar="N",
-        help="Number of actors (default: the machine's layout, see --envs_per_actor).",
+        help="Number of actors (default: half the machine's cores, at least 2 where it has "
+        "2; the run's log says which layout it chose).",
     )
     add(
         "--envs_per_actor",
@@ -97,8 +98,7 @@ def make_parser(
         type=positive_int,
         metavar="N",
         help="(new) Environments each actor steps, with one batched forward pass for all "
-        f"(default: {DEFAULT_ENVS} environments in all, over as many actors as the machine "
-        "has cores, up to 16 and rounded down to a power of 2: 2 x 8 on 2 cores; "
+        f"(default: {DEFAULT_ENVS_PER_ACTOR}, so 2 x 8 on 2 cores and 8 x 8 on 16; "
         "1 if only --num_actors is given, as in the original).",
     )
     add(

@@ -12,8 +12,11 @@ from collections.abc import Callable
 # Fills defaults derived from other flags, or refuses a combination: the flags it resolves.
 Resolver = Callable[[argparse.Namespace, argparse.ArgumentParser], dict]
 
-# The default layout: this many environments in all, spread over the actors.
-DEFAULT_ENVS = 16
+# The default layout: actors of this many environments each (one batched forward pass over
+# them per step), as many actors as half the cores (at least 2 where there are 2): the
+# fastest layout measured on 2 cores (2 x 8) and on 16 cores with a GPU (8 x 8 ran at
+# 4,778 SPS, 12 x 8 at 3,400-4,300: the learner was saturated).
+DEFAULT_ENVS_PER_ACTOR = 8
 
 
 def min_num_buffers(flags: argparse.Namespace) -> int:
@@ -21,21 +24,28 @@ def min_num_buffers(flags: argparse.Namespace) -> int:
     return flags.batch_size + flags.num_actors * (flags.envs_per_actor - 1)
 
 
-def default_num_actors() -> int:
-    """As many actors as cores, up to 16, rounded down to a power of 2 (a divisor of 16)."""
-    cores = min(len(os.sched_getaffinity(0)), DEFAULT_ENVS)
-    return 1 << (cores.bit_length() - 1)
+def default_layout(cores: int) -> tuple[int, int]:
+    """(actors, envs each) on a machine of ``cores`` cores: half the cores (2 on 2 cores,
+    1 on 1), 8 envs each; the other half stay with the learner process."""
+    return max(min(2, cores), cores // 2), DEFAULT_ENVS_PER_ACTOR
 
 
 def resolve_layout(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
-    """--num_actors and --envs_per_actor: the machine's layout of DEFAULT_ENVS environments
-    when neither is given, one env per actor (the original's) when only --num_actors is."""
+    """--num_actors and --envs_per_actor: the machine's layout when neither is given, 8 envs
+    per actor when only --envs_per_actor is not and one per actor (the original's) when
+    only --num_actors is; ``layout_source`` says which, for the run's log."""
     num_actors, envs_per_actor = flags.num_actors, flags.envs_per_actor
+    cores = len(os.sched_getaffinity(0))
     if num_actors is None:
-        num_actors = default_num_actors()
+        num_actors, machine_envs = default_layout(cores)
+        source = f"chosen for {cores} cores"
         if envs_per_actor is None:
-            envs_per_actor = DEFAULT_ENVS // num_actors
-    return dict(num_actors=num_actors, envs_per_actor=envs_per_actor or 1)
+            envs_per_actor = machine_envs
+        else:
+            source = f"--envs_per_actor, actors {source}"
+    else:
+        source = "--num_actors" + (" and --envs_per_actor" if envs_per_actor else "")
+    return dict(num_actors=num_actors, envs_per_actor=envs_per_actor or 1, layout_source=source)
 
 
 def resolve_run_folder(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:

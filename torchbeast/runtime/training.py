@@ -33,6 +33,7 @@ from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.checkpointing import Checkpointing
 from torchbeast.runtime.console import setup_console_logging
+from torchbeast.runtime.layout import limit_learner_threads
 from torchbeast.runtime.progress import PROGRESS_INTERVAL_S, ProgressReporting
 
 log = logging.getLogger("torchbeast")
@@ -74,6 +75,8 @@ class Trainer(ProgressReporting, Checkpointing):
         self.run = run = settings.run
         self.env_spec = env_spec
         self.config = model_config(settings.model, self.env_spec.observation_shape)
+        # Before any thread of this process runs an op.
+        self.threads_line = limit_learner_threads(self.concurrent_ops())
         use_cuda = torch.cuda.is_available() and not run.disable_cuda
         self.device = torch.device("cuda" if use_cuda else "cpu")
         if settings.env.seed is not None:
@@ -99,6 +102,8 @@ class Trainer(ProgressReporting, Checkpointing):
         # The episode extras of the last episodes, one tuple per episode (if the env has any).
         self.recent_extras: collections.deque[tuple[float, ...]] = collections.deque(maxlen=100)
         self.last_stats: dict = {}
+        # Wall-clock seconds spent in updates (and logging them): how busy the learner is.
+        self.update_seconds = 0.0
         self.pool: Pool | None = None
         self.replay: Replay | None = None
         self.batch_order_lock = threading.Lock()
@@ -123,6 +128,11 @@ class Trainer(ProgressReporting, Checkpointing):
             "inference": inference_cpu,
             "actor other": actor_cpu - env_cpu - inference_cpu,
         }
+
+    def concurrent_ops(self) -> int:
+        """Threads of the learner process that run ops at the same time: the updates (the
+        learner threads take turns)."""
+        return 1
 
     def actor_layout(self) -> str:
         """Who steps the environments, in words."""
@@ -156,6 +166,7 @@ class Trainer(ProgressReporting, Checkpointing):
                 core_state = tuple(s.to(self.device) for s in core_state)
                 # Updates are serialised anyway; logging inside keeps logs.csv in step order.
                 with self.stats_lock:
+                    started = time.perf_counter()
                     try:
                         stats = self.learner.learn(batch, core_state, num_online)
                     except NonFiniteLossError as error:
@@ -167,6 +178,7 @@ class Trainer(ProgressReporting, Checkpointing):
                     self.recent_extras.extend(episode_extras)
                     self.last_stats = stats
                     writer.log(stats)
+                    self.update_seconds += time.perf_counter() - started
             # Done: the other learner threads may be waiting for rollouts that never come.
             self.stop_requested.set()
         except BaseException as error:  # surfaced by the main thread, not swallowed
@@ -236,6 +248,9 @@ class Trainer(ProgressReporting, Checkpointing):
             count_parameters(self.learner.model),
             self.device,
         )
+        source = self.settings.actors.layout_source
+        log.info("Layout: %s%s.", self.actor_layout(), f" ({source})" if source else "")
+        log.info("%s", self.threads_line)
         envs.log_training_reward(self.settings.env, self.settings.learner.reward_clipping)
         if self.learner.step >= run.total_steps:
             log.info(

@@ -10,7 +10,6 @@ import os
 import tempfile
 from collections.abc import Iterator
 
-import torch
 from torch import nn
 
 from torchbeast import envs
@@ -39,6 +38,10 @@ class PolyTrainer(Trainer):
         pids = [process.pid for process in self.poly_pool.env_processes]
         return {"env servers": process_cpu_seconds(pids)}
 
+    def concurrent_ops(self) -> int:
+        # The updates, and each inference thread beside them.
+        return 1 + self.settings.runtime.num_inference_threads
+
     def actor_layout(self) -> str:
         actors, poly = self.settings.actors, self.settings.runtime
         peers = (
@@ -58,16 +61,6 @@ def bench_flags(flags: argparse.Namespace, folder: str) -> dict:
     """What a benchmark run in ``folder`` sets beyond the user's flags: one env server per
     stream, on Unix sockets in the folder."""
     return dict(num_servers=flags.num_actors, pipes_basename=f"unix:{folder}/env")
-
-
-def limit_intra_op_threads(settings: Settings) -> None:
-    """Learner and inference threads run ops at the same time; each op's own thread pool
-    must not oversubscribe the cores (on 2 cores, 2 threads per op cost 25% of the SPS)."""
-    cores = len(os.sched_getaffinity(0))
-    threads_per_op = settings.run.num_learner_threads + settings.runtime.num_inference_threads
-    threads = max(1, cores // threads_per_op)
-    torch.set_num_threads(threads)
-    log.info("PyTorch uses %d thread(s) per op on the learner's CPU.", threads)
 
 
 def learner_spec(settings: Settings) -> EnvSpec | None:
@@ -107,7 +100,6 @@ def session(settings: Settings, start_envs: bool = True) -> Iterator[PolyTrainer
     try:
         check_run_dir(settings.run)
         spec = learner_spec(settings)
-        limit_intra_op_threads(settings)
         pool = PolyActorPool(settings, processes, spec)
         try:
             pool.listen()

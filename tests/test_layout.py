@@ -1,0 +1,69 @@
+"""How a run spreads over the machine: the actor layout it chooses, the learner's threads
+per op, and the log lines that say both."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_monobeast import monobeast
+from torchbeast.config.flags import parse_flags
+from torchbeast.config.resolvers import default_layout
+from torchbeast.runtime.layout import threads_per_op
+
+
+@pytest.mark.parametrize(
+    "cores, layout", [(1, (1, 8)), (2, (2, 8)), (4, (2, 8)), (8, (4, 8)), (16, (8, 8))]
+)
+def test_the_default_layout_is_half_the_cores_with_8_envs_each(cores, layout):
+    assert default_layout(cores) == layout
+
+
+def test_layout_flags_win_over_the_machines_layout():
+    flags = parse_flags(["--num_actors", "3", "--envs_per_actor", "5"])
+    assert (flags.num_actors, flags.envs_per_actor) == (3, 5)
+    assert flags.layout_source == "--num_actors and --envs_per_actor"
+    original = parse_flags(["--num_actors", "4"])  # the original's command lines
+    assert (original.num_actors, original.envs_per_actor) == (4, 1)
+    cores = len(os.sched_getaffinity(0))
+    envs_only = parse_flags(["--envs_per_actor", "2"])
+    assert (envs_only.num_actors, envs_only.envs_per_actor) == (default_layout(cores)[0], 2)
+
+
+@pytest.mark.parametrize(
+    "cores, concurrent, threads", [(2, 1, 2), (2, 2, 1), (16, 1, 16), (1, 3, 1)]
+)
+def test_learner_ops_share_the_cores_between_threads_running_ops_at_once(
+    cores, concurrent, threads
+):
+    assert threads_per_op(cores, concurrent) == threads
+
+
+def test_idle_openmp_threads_sleep_in_every_process_of_a_run():
+    # Set by the package before PyTorch loads OpenMP; children inherit it.
+    code = "import torchbeast, torch, os; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert result.stdout.strip() == "PASSIVE"
+    env["OMP_WAIT_POLICY"] = "ACTIVE"  # a user's own choice wins
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert result.stdout.strip() == "ACTIVE"
+
+
+def test_a_run_says_which_layout_and_threads_it_chose(tmp_path):
+    args = ["--env", "CartPole-v1", "--total_steps", "2000", "--xpid", "run", "--disable_cuda"]
+    result = monobeast(tmp_path, *args)
+    assert result.returncode == 0, result.stderr
+    out_log = (tmp_path / "run" / "out.log").read_text()
+    cores = len(os.sched_getaffinity(0))
+    actors, envs = default_layout(cores)
+    assert f"Layout: {actors} actors x {envs} envs (chosen for {cores} cores)." in out_log
+    threads = threads_per_op(cores, 1)
+    assert f"PyTorch uses {threads} thread(s) per op in the learner process" in out_log

@@ -1,0 +1,37 @@
+"""How a run spreads over the machine it runs on: the learner process's threads per op."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def machine_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def threads_per_op(cores: int, concurrent_ops: int) -> int:
+    """Threads each op of the learner process may use: the cores, shared by the threads
+    that run ops at the same time (updates, which are serialised, count once; PolyBeast's
+    inference threads each count). At least 1.
+
+    The learner's update is the one stage that cannot be spread over processes, so it gets
+    every core it can use: on 2 cores, one thread per op left the learner the bottleneck at
+    268 SPS where two ran 300. Threads waiting for work sleep (``OMP_WAIT_POLICY``, set in
+    ``torchbeast/__init__.py``), so the actors get the cores back between ops."""
+    return max(1, cores // max(1, concurrent_ops))
+
+
+def limit_learner_threads(concurrent_ops: int) -> str:
+    """Sets the learner process's threads per op (see ``threads_per_op``); returns a line
+    for the run's log that says how many and why."""
+    cores = machine_cores()
+    threads = threads_per_op(cores, concurrent_ops)
+    torch.set_num_threads(threads)
+    return (
+        f"PyTorch uses {threads} thread(s) per op in the learner process ({cores} cores, "
+        f"{concurrent_ops} thread(s) running ops at once; idle ones sleep: "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')})."
+    )
