@@ -24,7 +24,10 @@ over all of them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -52,10 +55,14 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
         return
     stages_before = trainer.stage_totals()  # CPU seconds by stage
     start_time, start_step, start_cpu = time.monotonic(), learner.step, time.process_time()
+    start_updating = trainer.update_seconds
+    gpu = GpuSampler(trainer.device)
     while learner.step < start_step + bench_steps and not trainer.stop_requested.is_set():
+        gpu.sample()
         time.sleep(0.05)
     elapsed = time.monotonic() - start_time
     learner_cpu = time.process_time() - start_cpu
+    learner_busy = (trainer.update_seconds - start_updating) / elapsed
     steps = learner.step - start_step
     if steps == 0:
         return
@@ -64,8 +71,69 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
         for name, seconds in trainer.stage_totals().items()
     }  # CPU ms per agent step
     stages["learner process"] = 1e3 * learner_cpu / steps
-    result.update(sps=steps / elapsed, steps=steps, seconds=elapsed, stages=stages)
+    result.update(
+        sps=steps / elapsed,
+        steps=steps,
+        seconds=elapsed,
+        stages=stages,
+        learner_busy=learner_busy,
+        gpu_utilization=gpu.mean(),
+        cores=len(os.sched_getaffinity(0)),
+    )
+    result["bound"] = bound_by(result)
     trainer.stop_requested.set()
+
+
+class GpuSampler:
+    """The GPU's utilisation (percent of time a kernel ran, as ``nvidia-smi`` reports it),
+    sampled about once a second; nothing on a CPU learner or without ``nvidia-smi``."""
+
+    def __init__(self, device: torch.device):
+        self.enabled = device.type == "cuda" and shutil.which("nvidia-smi") is not None
+        self.index = 0
+        if self.enabled:
+            self.index = torch.cuda.current_device() if device.index is None else device.index
+        self.samples: list[float] = []
+        self.last = 0.0
+
+    def sample(self) -> None:
+        if not self.enabled or time.monotonic() - self.last < 1.0:
+            return
+        self.last = time.monotonic()
+        query = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
+        try:
+            output = subprocess.run(
+                [*query, f"--id={self.index}"], capture_output=True, text=True, timeout=5
+            ).stdout
+            self.samples.append(float(output.strip().splitlines()[0]))
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            self.enabled = False  # no figure rather than a wrong one
+
+    def mean(self) -> float | None:
+        return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+# How the learner steps on each batch, as the JSON figures record it.
+LEARNER_SHAPE = ("batch_size", "unroll_length", "epochs", "ppo_clip")
+
+# A learner busy this much of the time, or cores used this much, set the speed.
+BUSY = 0.9
+
+
+def bound_by(result: dict) -> str:
+    """Which stage sets a run's speed, from its measured figures: the learner when it is
+    busy updating nearly all the time (more actors cannot help); else the CPU when every
+    core is busy (its largest stage named); else the actors, which leave cores idle and the
+    learner waiting (more actors, or more envs each, would help)."""
+    stages = result["stages"]
+    if result["learner_busy"] >= BUSY:
+        gpu = result.get("gpu_utilization")
+        return "learner" + (f" (GPU {gpu:.0f}% busy)" if gpu is not None else "")
+    cores_used = sum(stages.values()) * result["sps"] / 1e3
+    if cores_used >= BUSY * result["cores"]:
+        largest = max(stages, key=stages.get)
+        return f"CPU (all cores busy; largest stage: {largest})"
+    return "actors (cores idle, learner waiting)"
 
 
 def in_folder(flags: argparse.Namespace, folder: str) -> argparse.Namespace:
@@ -110,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: the run ended before the measurement window: raise --total_steps")
         return 1
     print_result(flags, trainer, result)
+    if flags.json:
+        with open(flags.json, "w") as file:
+            learner = {name: getattr(flags, name) for name in LEARNER_SHAPE}
+            layout = dict(layout=trainer.actor_layout(), device=trainer.device.type)
+            json.dump({**result, **layout, "learner": learner}, file)
     return 0
 
 
@@ -138,6 +211,12 @@ def print_result(flags: argparse.Namespace, trainer: Trainer, result: dict) -> N
     )
     print(f"CPU ms per agent step: {stages}, total {total_ms:.3f}")
     print(f"ceiling implied by the stage costs on {cores} cores: {1e3 * cores / total_ms:.0f} SPS")
+    gpu = result["gpu_utilization"]
+    print(
+        f"learner busy {100 * result['learner_busy']:.0f}% of the time"
+        + (f", GPU {gpu:.0f}% busy" if gpu is not None else "")
+        + f"; bound by: {result['bound']}"
+    )
     batcher = getattr(trainer.pool, "batcher", None)
     if batcher is not None:
         sizes = batcher.batch_sizes

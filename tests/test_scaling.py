@@ -1,0 +1,72 @@
+"""The scaling benchmark: the training recipe over actor layouts, one row per run (the
+figures themselves are checked by people, never by timed tests)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.test_polybeast import REPO
+from torchbeast.config.parsers import make_mono_parser
+from torchbeast.config.resolvers import default_layout
+from torchbeast.scaling import default_layouts, layout, recipe_arguments
+
+SMALL = ["--env", "CartPole-v1", "--warmup_steps", "500", "--bench_steps", "2000"]
+
+
+def test_scaling_prints_one_row_per_layout_with_the_training_recipe(tmp_path):
+    path = tmp_path / "rows.json"
+    command = [sys.executable, "-m", "torchbeast.scaling", "--layouts", "1x2", "2x4", *SMALL]
+    command += ["--devices", "cpu", "--json", str(path)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line for line in result.stdout.splitlines() if re.match(r"\| [0-9]+ x ", line)]
+    assert [row.split(" | ")[0] for row in rows] == ["| 1 x 2", "| 2 x 4"], result.stdout
+    for row in rows:
+        cells = row.strip("| ").split(" | ")
+        assert cells[1] == "cpu" and float(cells[2]) > 0
+        assert cells[-1].split()[0] in ("learner", "CPU", "actors")
+    saved = json.loads(path.read_text())
+    assert [r["layout"] for r in saved] == ["1 actors x 2 envs", "2 actors x 4 envs"]
+    assert all(r["steps"] >= 2000 for r in saved)
+    # Every run learned with the training defaults' recipe, not the one-step benchmark's.
+    parser = make_mono_parser()
+    for row in saved:
+        for name in ("batch_size", "unroll_length", "epochs", "ppo_clip"):
+            assert row["learner"][name] == parser.get_default(name)
+
+
+def test_the_recipe_is_the_training_defaults():
+    parser = make_mono_parser()
+    expected = []
+    for name in ("batch_size", "unroll_length", "epochs", "ppo_clip"):
+        expected += [f"--{name}", str(parser.get_default(name))]
+    assert recipe_arguments() == expected
+
+
+def test_default_layouts_run_up_to_the_cores_and_include_the_machines_own():
+    assert default_layouts(2) == [(1, 8), (2, 8)]
+    assert default_layouts(16) == [(1, 8), (2, 8), (4, 8), (8, 8), (16, 8)]
+    assert default_layout(12) in default_layouts(12) and (12, 8) in default_layouts(12)
+
+
+def test_a_layout_is_actors_x_envs():
+    assert layout("4x8") == (4, 8)
+    for text in ("4", "0x8", "ax8", "4x"):
+        with pytest.raises(Exception, match="ACTORSxENVS"):
+            layout(text)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_asking_for_cuda_without_it_is_one_clear_error():
+    command = [sys.executable, "-m", "torchbeast.scaling", "--devices", "cuda", *SMALL]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stdout.strip().splitlines() == [
+        "error: --devices cuda, but PyTorch sees no CUDA device: use --devices cpu"
+    ]

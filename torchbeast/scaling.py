@@ -1,0 +1,164 @@
+"""Scaling benchmark: the shipped training recipe's steady-state speed over actor layouts
+and devices, as one table.
+
+    python -m torchbeast.scaling                          # layouts and devices of this machine
+    python -m torchbeast.scaling --layouts 2x8 8x8 --devices cuda
+    python -m torchbeast.scaling --env MinAtar/SpaceInvaders-v1 --torso grid
+
+Each row is one run of ``python -m torchbeast.bench`` in its own process, with the
+training defaults' learner (batch size, unroll length, epochs, PPO clip: what
+``python -m torchbeast.monobeast`` trains with) where the one-step benchmark keeps the
+original's. Any other flag is passed to every run, and wins over those defaults. A row
+gives the layout, the device the learner ran on, SPS, the CPU milliseconds per agent step
+of each stage, how busy the learner and the GPU were, and which stage bounds the run
+(``bench.bound_by``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from torchbeast.bench import LEARNER_SHAPE
+from torchbeast.config.parsers import make_mono_parser
+from torchbeast.config.resolvers import default_layout
+from torchbeast.config.values import nonnegative_int, positive_int
+
+# The training recipe's learner, which the one-step benchmark leaves at the original's.
+RECIPE_FLAGS = LEARNER_SHAPE
+ENVS_PER_ACTOR = 8
+
+
+def recipe_arguments() -> list[str]:
+    """The training defaults of RECIPE_FLAGS, as command-line arguments."""
+    parser = make_mono_parser()
+    arguments: list[str] = []
+    for name in RECIPE_FLAGS:
+        arguments += [f"--{name}", str(parser.get_default(name))]
+    return arguments
+
+
+def layout(text: str) -> tuple[int, int]:
+    """ "AxE": A actors of E envs each."""
+    actors, _, envs = text.partition("x")
+    try:
+        parsed = int(actors), int(envs)
+    except ValueError:
+        parsed = (0, 0)
+    if min(parsed) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a layout: write ACTORSxENVS, e.g. 4x8")
+    return parsed
+
+
+def default_layouts(cores: int) -> list[tuple[int, int]]:
+    """1, 2, 4, ... actors up to the cores (and the cores themselves), 8 envs each, and the
+    layout a run chooses by itself on this machine."""
+    actors = sorted({1 << k for k in range(cores.bit_length()) if 1 << k <= cores} | {cores})
+    layouts = [(count, ENVS_PER_ACTOR) for count in actors]
+    chosen = default_layout(cores)
+    return layouts if chosen in layouts else [*layouts, chosen]
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="The training recipe's steady-state SPS over actor layouts and devices; "
+        "other flags go to every run (python -m torchbeast.bench --help lists them).",
+    )
+    parser.add_argument(
+        "--layouts",
+        nargs="+",
+        type=layout,
+        default=None,
+        metavar="AxE",
+        help="Actor layouts to run, A actors of E envs each "
+        "(default: 1, 2, 4, ... actors up to the cores, 8 envs each, and the machine's own).",
+    )
+    parser.add_argument(
+        "--devices",
+        nargs="+",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="Where the learner runs (default: cuda and cpu where CUDA is available, else cpu).",
+    )
+    parser.add_argument("--warmup_steps", type=nonnegative_int, default=10_000)
+    parser.add_argument("--bench_steps", type=positive_int, default=30_000)
+    parser.add_argument("--json", default=None, metavar="FILE", help="Also write the rows here.")
+    return parser
+
+
+def run_row(
+    actors: int, envs: int, device: str, steps: tuple[int, int], passed: list[str], folder: str
+) -> dict:
+    """One benchmark run in its own process: its figures, or its error."""
+    path = os.path.join(folder, f"{actors}x{envs}-{device}.json")
+    command = [sys.executable, "-m", "torchbeast.bench", *recipe_arguments(), *passed]
+    command += ["--num_actors", str(actors), "--envs_per_actor", str(envs), "--json", path]
+    command += ["--warmup_steps", str(steps[0]), "--bench_steps", str(steps[1])]
+    if device == "cpu":
+        command.append("--disable_cuda")
+    finished = subprocess.run(command, capture_output=True, text=True)
+    row = dict(actors=actors, envs=envs, device=device)
+    if finished.returncode != 0 or not os.path.exists(path):
+        lines = (finished.stdout + finished.stderr).strip().splitlines() or ["no output"]
+        return row | dict(error=lines[-1])
+    with open(path) as file:
+        return row | json.load(file)
+
+
+def format_row(row: dict) -> str:
+    layout = f"{row['actors']} x {row['envs']}"
+    if "error" in row:
+        return f"| {layout} | {row['device']} | failed: {row['error']} |"
+    stages = " / ".join(f"{ms:.3f}" for ms in row["stages"].values())
+    gpu = row.get("gpu_utilization")
+    gpu_text = "-" if gpu is None else f"{gpu:.0f}%"
+    return (
+        f"| {layout} | {row['device']} | {row['sps']:.0f} | {stages} | "
+        f"{100 * row['learner_busy']:.0f}% | {gpu_text} | {row['bound']} |"
+    )
+
+
+def header(stage_names: list[str]) -> str:
+    names = " / ".join(stage_names) or "stages"
+    return (
+        f"| actors x envs | learner on | SPS | CPU ms per agent step: {names} | "
+        "learner busy | GPU busy | bound by |\n|---|---|---|---|---|---|---|"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    flags, passed = make_parser().parse_known_args(argv)
+    cores = len(os.sched_getaffinity(0))
+    layouts = flags.layouts or default_layouts(cores)
+    devices = flags.devices or (["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"])
+    if "cuda" in devices and not torch.cuda.is_available():
+        print("error: --devices cuda, but PyTorch sees no CUDA device: use --devices cpu")
+        return 2
+    recipe = " ".join(recipe_arguments())
+    print(f"Scaling benchmark on {cores} cores: the training recipe ({recipe}), ", end="")
+    print(f"{flags.bench_steps} steps measured after {flags.warmup_steps}; one run per row.")
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as folder:
+        for device in devices:
+            for actors, envs in layouts:
+                row = run_row(
+                    actors, envs, device, (flags.warmup_steps, flags.bench_steps), passed, folder
+                )
+                if not rows:
+                    print(header(list(row.get("stages", {}))))
+                rows.append(row)
+                print(format_row(row), flush=True)
+    if flags.json:
+        with open(flags.json, "w") as file:
+            json.dump(rows, file, indent=1)
+    return 1 if any("error" in row for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
