@@ -12,8 +12,20 @@ from torchbeast.config.resolvers import resolve_num_buffers
 from torchbeast.config.values import nonnegative_int, positive_int
 
 
+def add_mono_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--central_inference",
+        action="store_true",
+        help="(new) MonoBeast: actors only step their environments; one thread of the "
+        "learner process runs one batched forward pass for every actor waiting, on the "
+        "learner's device (the GPU where there is one), as SEED RL and Sample Factory do.",
+    )
+
+
 def make_mono_parser() -> argparse.ArgumentParser:
-    return make_parser("MonoBeast: IMPALA on one machine, actors in processes.")
+    parser = make_parser("MonoBeast: IMPALA on one machine, actors in processes.")
+    add_mono_flags(parser)
+    return parser
 
 
 def make_learner_parser(
@@ -78,13 +90,25 @@ def make_bench_parser(runtimes: list[str]) -> argparse.ArgumentParser:
         total_steps=10**12,
     )
     add_ray_flags(parser)
+    add_mono_flags(parser)
     parser.add_argument("--runtime", default="mono", choices=runtimes)
     parser.add_argument("--warmup_steps", type=nonnegative_int, default=20_000)
     parser.add_argument("--bench_steps", type=positive_int, default=60_000)
+    parser.add_argument(
+        "--json", default=None, metavar="FILE", help="Also write the figures to FILE as JSON."
+    )
     parser.resolvers.append(resolve_num_buffers_of_mono)
     return parser
 
 
 def resolve_num_buffers_of_mono(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
-    """--num_buffers, for the one runtime with shared-memory buffers."""
-    return resolve_num_buffers(flags, parser) if flags.runtime == "mono" else {}
+    """--num_buffers, for the one runtime with shared-memory buffers; --central_inference,
+    for the one runtime whose actors could run their own."""
+    if flags.runtime == "mono":
+        return resolve_num_buffers(flags, parser)
+    if flags.central_inference:
+        parser.error(
+            f"--central_inference is MonoBeast's (--runtime {flags.runtime} has its own "
+            "inference): leave it out, or use --runtime mono"
+        )
+    return {}

@@ -60,11 +60,13 @@ class ActorSettings:
 
     num_actors: int
     envs_per_actor: int
+    layout_source: str = ""  # who chose the layout: the flags, or the machine (for the log)
 
 
 @dataclass(frozen=True)
 class MonoSettings:
     num_buffers: int  # shared-memory rollout buffers
+    central_inference: bool  # the learner process acts for every actor
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ RayBeast's into buffers they return through Ray's object store.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,6 +21,9 @@ from torchbeast.core.spec import EnvSpec
 
 if TYPE_CHECKING:
     from torchbeast.config.settings import Settings
+
+# (inputs [1, E, ...], core state) -> (outputs [1, E, ...], core state): the model's call.
+Policy = Callable[[dict[str, torch.Tensor], tuple], tuple[dict[str, torch.Tensor], tuple]]
 
 
 def actor_seed(settings: Settings, actor_index: int, incarnation: int) -> int | None:
@@ -35,7 +39,15 @@ class Unroller:
     ``env_time`` and ``inference_time`` accumulate CPU seconds for the benchmark.
     """
 
-    def __init__(self, settings: Settings, env_spec: EnvSpec, config: dict, seed: int | None):
+    def __init__(
+        self,
+        settings: Settings,
+        env_spec: EnvSpec,
+        config: dict,
+        seed: int | None,
+        policy: Policy | None = None,
+    ):
+        """``policy``: what chooses the actions (default: this actor's copy of the model)."""
         if seed is not None:
             torch.manual_seed(seed)
         else:
@@ -46,6 +58,7 @@ class Unroller:
         self.env = envs.create_env(settings.env, num_envs=num_envs, num_threads=1)
         self.model = create_model(config, env_spec.observation_shape, env_spec.num_actions)
         self.model.train()  # sample actions
+        self.policy: Policy = policy or self.model
         self.env_output = {k: torch.from_numpy(v) for k, v in self.env.reset(seed=seed).items()}
         self.agent_output = rollout.first_agent_output(num_envs, env_spec.num_actions)
         self.core_state = self.model.initial_state(num_envs)
@@ -68,7 +81,7 @@ class Unroller:
             start = time.process_time()
             with torch.inference_mode():
                 inputs = {k: v.unsqueeze(0) for k, v in self.env_output.items()}  # [1, E, ...]
-                outputs, self.core_state = self.model(inputs, self.core_state)
+                outputs, self.core_state = self.policy(inputs, self.core_state)
             self.agent_output = {k: v[0] for k, v in outputs.items()}  # [E, ...]
             middle = time.process_time()
             step = self.env.step(self.agent_output["action"].numpy())

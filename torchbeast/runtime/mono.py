@@ -37,6 +37,7 @@ from torchbeast.core import rollout
 from torchbeast.core.models import create_model
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.mono_actor import ActorShared, SharedWeights, actor_process
+from torchbeast.runtime.mono_inference import InferenceServer, InferenceSlots
 from torchbeast.runtime.supervision import (
     RestartBudget,
     Supervised,
@@ -67,7 +68,10 @@ class ActorPool(Supervised):
         env_spec: EnvSpec,
         config: dict,
         weights: SharedWeights,
+        learner_model: nn.Module,
     ):
+        """``learner_model``: the learner's model, whose device and weights central
+        inference (``--central_inference``) takes."""
         num_buffers = settings.runtime.num_buffers
         num_actors = settings.actors.num_actors
         self.envs_per_actor = settings.actors.envs_per_actor
@@ -88,6 +92,14 @@ class ActorPool(Supervised):
             weights=weights,
             timings=torch.zeros(num_actors, 4, dtype=torch.float64).share_memory_(),
         )
+        self.server: InferenceServer | None = None
+        if settings.runtime.central_inference:
+            self.shared.inference = InferenceSlots.allocate(
+                env_spec, learner_model, num_actors, self.envs_per_actor
+            )
+            self.server = InferenceServer(
+                learner_model, config, env_spec, self.shared.inference, self.fail
+            )
 
         self.free_slots: collections.deque[int] = collections.deque(range(num_buffers))
         self.full_slots: queue.Queue[int] = queue.Queue()
@@ -106,22 +118,36 @@ class ActorPool(Supervised):
     # Lifecycle.
 
     def start(self) -> None:
+        if self.server is not None:
+            self.server.start()
         for actor_index in range(len(self.incarnations)):
             self._start_actor(actor_index)
         self.dispatcher.start()
 
     def _start_actor(self, actor_index: int) -> None:
         parent_conn, child_conn = self.context.Pipe()
+        inference_conn = child_inference_conn = None
+        if self.server is not None:
+            inference_conn, child_inference_conn = self.context.Pipe()
         process = self.context.Process(
             target=actor_process,
             name=f"actor-{actor_index}",
-            args=(actor_index, self.incarnations[actor_index], self.shared, child_conn),
+            args=(
+                actor_index,
+                self.incarnations[actor_index],
+                self.shared,
+                child_conn,
+                child_inference_conn,
+            ),
             daemon=True,
         )
         # A Ctrl-C while an actor imports torch must not kill it before it ignores SIGINT.
         with signals_blocked():
             process.start()
         child_conn.close()  # so the parent sees EOF when the actor dies
+        if self.server is not None:
+            child_inference_conn.close()
+            self.server.add(actor_index, inference_conn)
         with self.lock:
             self.processes[actor_index] = process
             self.conns[actor_index] = parent_conn
@@ -137,6 +163,8 @@ class ActorPool(Supervised):
                     conn.send(None)
                 except OSError:
                     pass
+        if self.server is not None:  # an actor waiting for its actions ends on EOF
+            self.server.stop()
         join_or_kill(self.processes.values(), ACTOR_STOP_TIMEOUT_S)
         for conn in self.conns.values():
             conn.close()
@@ -249,6 +277,13 @@ class ActorPool(Supervised):
             self.free_slots.extend(slots)
             self._serve_waiting()
 
+    def publish(self, model: nn.Module) -> None:
+        """New weights for whoever chooses the actions: the actors, or central inference."""
+        if self.server is not None:
+            self.server.publish(model)
+        else:
+            self.shared.weights.publish(model)
+
     def timing_totals(self) -> np.ndarray:
         """(env, inference, all) CPU seconds and agent steps, summed over actors so far."""
         return self.shared.timings.sum(0).numpy().copy()
@@ -263,13 +298,20 @@ class MonoTrainer(Trainer):
     def __init__(self, settings: Settings):
         super().__init__(settings, envs.env_spec(settings.env))
         self.weights = SharedWeights(self.learner.model)
+        self.actor_pool: ActorPool | None = None
 
     def create_pool(self) -> ActorPool:
         self.weights.publish(self.learner.model)
-        return ActorPool(self.settings, self.env_spec, self.config, self.weights)
+        self.actor_pool = ActorPool(
+            self.settings, self.env_spec, self.config, self.weights, self.learner.model
+        )
+        return self.actor_pool
 
     def publish(self, model: nn.Module) -> None:
-        self.weights.publish(model)
+        if self.actor_pool is None:
+            self.weights.publish(model)
+        else:
+            self.actor_pool.publish(model)
 
 
 @contextlib.contextmanager

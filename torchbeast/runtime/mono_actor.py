@@ -16,6 +16,7 @@ from torch import nn
 from torchbeast.config.settings import Settings
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.acting import Unroller, actor_seed
+from torchbeast.runtime.mono_inference import InferenceSlots, RemotePolicy
 from torchbeast.runtime.processes import die_with_parent
 from torchbeast.runtime.supervision import STOP_SIGNALS
 
@@ -84,12 +85,18 @@ class ActorShared:
     initial_core_states: tuple[torch.Tensor, ...]  # [num_buffers, layers, H] each
     weights: SharedWeights
     timings: torch.Tensor  # [num_actors, 4]: env, inference, all CPU seconds; steps
+    inference: InferenceSlots | None = None  # with --central_inference
 
 
 def actor_process(
-    actor_index: int, incarnation: int, shared: ActorShared, conn: mp.connection.Connection
+    actor_index: int,
+    incarnation: int,
+    shared: ActorShared,
+    conn: mp.connection.Connection,
+    inference_conn: mp.connection.Connection | None = None,
 ) -> None:
-    """Steps ``envs_per_actor`` envs and fills the buffer slots the learner hands out."""
+    """Steps ``envs_per_actor`` envs and fills the buffer slots the learner hands out;
+    with ``inference_conn`` the learner process chooses the actions."""
     # The learner decides when actors stop, also when a signal hits the process group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -97,7 +104,7 @@ def actor_process(
     die_with_parent()
     torch.set_num_threads(1)
     try:
-        run_actor(actor_index, incarnation, shared, conn)
+        run_actor(actor_index, incarnation, shared, conn, inference_conn)
     except (EOFError, BrokenPipeError):
         pass  # the learner went away: nothing left to do
     except Exception:
@@ -109,12 +116,18 @@ def actor_process(
 
 
 def run_actor(
-    actor_index: int, incarnation: int, shared: ActorShared, conn: mp.connection.Connection
+    actor_index: int,
+    incarnation: int,
+    shared: ActorShared,
+    conn: mp.connection.Connection,
+    inference_conn: mp.connection.Connection | None,
 ) -> None:
     settings = shared.settings
     seed = actor_seed(settings, actor_index, incarnation)
-    unroller = Unroller(settings, shared.env_spec, shared.config, seed)
-    version = shared.weights.read_into(unroller.model, -1)
+    remote = inference_conn is not None and shared.inference is not None
+    policy = RemotePolicy(shared.inference, actor_index, inference_conn) if remote else None
+    unroller = Unroller(settings, shared.env_spec, shared.config, seed, policy)
+    version = -1 if remote else shared.weights.read_into(unroller.model, -1)
     cpu_mark = time.process_time()
     conn.send(("ready", []))
 
@@ -131,5 +144,6 @@ def run_actor(
         )
         cpu_mark = now
         conn.send(("full", slots))
-        version = shared.weights.read_into(unroller.model, version)
+        if not remote:
+            version = shared.weights.read_into(unroller.model, version)
     unroller.close()

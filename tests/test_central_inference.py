@@ -1,0 +1,141 @@
+"""MonoBeast's central inference (--central_inference): the learner process chooses every
+actor's actions in one batched forward pass; real actor processes, real environments."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from tests.test_monobeast import (
+    REPO,
+    SMALL_RUN,
+    actor_pids,
+    alive,
+    monobeast,
+    read_rows,
+    start_monobeast,
+    wait_for,
+    wait_for_rows,
+)
+from torchbeast.core.models import create_model
+from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime.mono_inference import InferenceServer, InferenceSlots
+
+SPEC = EnvSpec("CartPole-v1", (4,), np.dtype(np.float32), 2)
+LSTM = dict(kind="mlp", hidden_size=8, num_layers=1, use_lstm=True)
+
+
+def test_the_server_answers_each_actor_with_the_models_outputs_for_its_own_envs():
+    torch.manual_seed(0)
+    learner_model = create_model(LSTM, SPEC.observation_shape, SPEC.num_actions)
+    learner_model.policy_version.fill_(7)
+    slots = InferenceSlots.allocate(SPEC, learner_model, num_actors=3, envs_per_actor=4)
+    slots.inputs["frame"].normal_()
+    slots.inputs["reward"].normal_()
+    slots.inputs["last_action"].random_(0, 2)
+    slots.inputs["done"][:, 1] = True
+    for state in slots.core_state:
+        state.normal_()
+    before = {key: value.clone() for key, value in slots.outputs.items()}
+    states_before = [state.clone() for state in slots.core_state]
+    failures = []
+    server = InferenceServer(learner_model, LSTM, SPEC, slots, failures.append)
+
+    server.infer([2, 0])  # actors 2 and 0 ask; actor 1 does not
+
+    for actor in (0, 2):
+        inputs = {key: value[actor][None] for key, value in slots.inputs.items()}
+        state = tuple(s[actor] for s in states_before)
+        with torch.no_grad():
+            expected, expected_state = learner_model(inputs, state, act=False)
+        torch.testing.assert_close(
+            slots.outputs["policy_logits"][actor], expected["policy_logits"][0]
+        )
+        torch.testing.assert_close(slots.outputs["baseline"][actor], expected["baseline"][0])
+        assert slots.outputs["policy_version"][actor].tolist() == [7] * 4
+        assert set(slots.outputs["action"][actor].tolist()) <= {0, 1}
+        for got, want in zip(slots.core_state, expected_state, strict=True):
+            torch.testing.assert_close(got[actor], want)
+    for key, value in slots.outputs.items():  # actor 1's row is untouched
+        assert torch.equal(value[1], before[key][1])
+    assert torch.equal(slots.core_state[0][1], states_before[0][1])
+    assert failures == []
+
+
+def test_published_weights_are_the_ones_the_next_answers_use():
+    torch.manual_seed(0)
+    config = dict(LSTM, use_lstm=False)
+    learner_model = create_model(config, SPEC.observation_shape, SPEC.num_actions)
+    slots = InferenceSlots.allocate(SPEC, learner_model, num_actors=1, envs_per_actor=2)
+    slots.inputs["frame"].normal_()
+    server = InferenceServer(learner_model, config, SPEC, slots, lambda message: None)
+    server.infer([0])
+    first = slots.outputs["baseline"].clone()
+    with torch.no_grad():
+        learner_model.baseline.bias.add_(1.0)
+        learner_model.policy_version.fill_(3)
+    server.infer([0])
+    assert torch.equal(slots.outputs["baseline"], first)  # not published yet
+    server.publish(learner_model)
+    server.infer([0])
+    torch.testing.assert_close(slots.outputs["baseline"], first + 1.0)
+    assert slots.outputs["policy_version"].tolist() == [[3, 3]]
+
+
+def test_monobeast_trains_with_central_inference(tmp_path):
+    args = [*SMALL_RUN, "--central_inference", "--total_steps", "4000", "--xpid", "run"]
+    result = monobeast(tmp_path, *args)
+    assert result.returncode == 0, result.stderr
+    rows = read_rows(tmp_path / "run" / "logs.csv")
+    assert int(rows[-1]["step"]) >= 4000
+    # The actions came from weights a few updates old at most (the server's copy).
+    lags = [float(row["policy_lag"]) for row in rows[5:]]
+    assert lags and max(lags) < 20
+    assert "Learning finished" in (tmp_path / "run" / "out.log").read_text()
+
+
+def test_an_lstm_trains_with_central_inference(tmp_path):
+    args = [*SMALL_RUN, "--central_inference", "--use_lstm", "--total_steps", "1000"]
+    result = monobeast(tmp_path, *args, "--xpid", "run")
+    assert result.returncode == 0, result.stderr
+    assert int(read_rows(tmp_path / "run" / "logs.csv")[-1]["step"]) >= 1000
+
+
+def test_a_killed_actor_is_replaced_and_central_inference_serves_the_new_one(tmp_path):
+    args = [*SMALL_RUN, "--central_inference", "--total_steps", "10000000", "--xpid", "run"]
+    process = start_monobeast(tmp_path, *args)
+    try:
+        logs = tmp_path / "run" / "logs.csv"
+        wait_for_rows(logs, 3)
+        victims = actor_pids(process.pid)
+        assert len(victims) == 2
+        os.kill(victims[0], signal.SIGKILL)
+        wait_for(
+            lambda: len(actor_pids(process.pid)) == 2 and victims[0] not in actor_pids(process.pid),
+            30,
+            "a new actor",
+        )
+        rows_after_kill = len(read_rows(logs))
+        wait_for_rows(logs, rows_after_kill + 20)  # both actors fill rollouts again
+        assert "died (exit code -9)" in (tmp_path / "run" / "out.log").read_text()
+        actors = actor_pids(process.pid)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    assert process.returncode == 0
+    wait_for(lambda: not any(alive(pid) for pid in actors), 10, "actors to exit")
+
+
+@pytest.mark.parametrize("runtime", ["poly", "ray"])
+def test_central_inference_belongs_to_monobeast(runtime):
+    command = [sys.executable, "-m", "torchbeast.bench", "--runtime", runtime]
+    command.append("--central_inference")
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "--central_inference is MonoBeast's" in result.stderr.strip().splitlines()[-1]

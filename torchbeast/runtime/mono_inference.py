@@ -1,0 +1,176 @@
+"""MonoBeast's central inference (``--central_inference``): actors only step their
+environments; one thread of the learner process runs one batched forward pass for every
+actor waiting, on the learner's device, as SEED RL and Sample Factory do.
+
+    actor i                                     learner process: InferenceServer thread
+    writes its env outputs and core state       waits on every actor's inference pipe
+    into its row of InferenceSlots, then        gathers the rows of the actors ready,
+    sends one byte on its pipe       ------->   [1, N x E, ...]; one forward pass with
+                                                the weights last published; writes each
+    reads its actions, logits, baseline,  <---  actor's outputs and core state into its
+    policy version and core state               row, and answers each with one byte
+
+The actor needs no copy of the weights, and its CPU goes to its environments alone. A
+dead actor closes its pipe and the server forgets it; its replacement brings a new pipe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing.connection
+import threading
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from torchbeast.core import rollout
+from torchbeast.core.models import CoreState, create_model
+from torchbeast.core.spec import EnvSpec
+
+Connection = multiprocessing.connection.Connection
+
+# What the model reads of an env output, and what an actor gets back.
+INPUT_KEYS = ("frame", "reward", "done", "last_action")
+OUTPUT_KEYS = rollout.AGENT_KEYS  # policy_logits, baseline, action, policy_version
+
+
+@dataclasses.dataclass
+class InferenceSlots:
+    """Shared memory for the requests: one row per actor, its E envs side by side."""
+
+    inputs: dict[str, torch.Tensor]  # frame [A, E, *obs]; reward, done, last_action [A, E]
+    outputs: dict[str, torch.Tensor]  # policy_logits [A, E, actions]; the others [A, E]
+    core_state: tuple[torch.Tensor, ...]  # [A, layers, E, H] each: in, then out
+
+    @classmethod
+    def allocate(
+        cls, env_spec: EnvSpec, model: nn.Module, num_actors: int, envs_per_actor: int
+    ) -> InferenceSlots:
+        spec = rollout.rollout_spec(env_spec, 0)  # [1, ...] shapes and dtypes of one step
+
+        def shared(name: str) -> torch.Tensor:
+            shape, dtype = spec[name]
+            return torch.zeros(num_actors, envs_per_actor, *shape[1:], dtype=dtype)
+
+        state = model.initial_state(envs_per_actor)  # [layers, E, H] each
+        return cls(
+            inputs={key: shared(key).share_memory_() for key in INPUT_KEYS},
+            outputs={key: shared(key).share_memory_() for key in OUTPUT_KEYS},
+            core_state=tuple(torch.zeros(num_actors, *s.shape).share_memory_() for s in state),
+        )
+
+
+class RemotePolicy:
+    """An actor's end: called as the model would be, it asks the server instead."""
+
+    def __init__(self, slots: InferenceSlots, actor_index: int, conn: Connection):
+        self.slots = slots
+        self.row = actor_index
+        self.conn = conn
+
+    def __call__(
+        self, inputs: dict[str, torch.Tensor], core_state: CoreState
+    ) -> tuple[dict[str, torch.Tensor], CoreState]:
+        """``inputs`` [1, E, ...] -> (outputs [1, E, ...], core state [layers, E, H])."""
+        for key in INPUT_KEYS:
+            self.slots.inputs[key][self.row].copy_(inputs[key][0])
+        for shared, state in zip(self.slots.core_state, core_state, strict=True):
+            shared[self.row].copy_(state)
+        self.conn.send_bytes(b"?")
+        self.conn.recv_bytes()  # EOFError when the learner is gone: the actor ends
+        outputs = {key: self.slots.outputs[key][self.row].clone()[None] for key in OUTPUT_KEYS}
+        return outputs, tuple(shared[self.row].clone() for shared in self.slots.core_state)
+
+
+class InferenceServer:
+    """The learner process's end: a model with the weights last published, on the
+    learner's device, and the thread that answers the actors."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: dict,
+        env_spec: EnvSpec,
+        slots: InferenceSlots,
+        fail: Callable[[str], None],
+    ):
+        self.device = next(model.parameters()).device
+        self.model = create_model(config, env_spec.observation_shape, env_spec.num_actions)
+        self.model.to(self.device).train()  # samples actions, as an actor's copy does
+        self.slots = slots
+        self.fail = fail
+        self.lock = threading.Lock()  # the weights: publish, or a forward pass
+        self.publish(model)
+        self.conns: dict[Connection, int] = {}  # pipe -> actor index
+        self.conns_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name="inference", daemon=True)
+        self.batch_sizes: dict[int, int] = {}  # actors per forward pass -> passes
+
+    def publish(self, model: nn.Module) -> None:
+        """Copies the learner's new weights in, between two forward passes."""
+        with self.lock, torch.no_grad():
+            for target, source in zip(self.model.parameters(), model.parameters(), strict=True):
+                target.copy_(source)
+            self.model.policy_version.copy_(model.policy_version)
+
+    def add(self, actor_index: int, conn: Connection) -> None:
+        """Serves a (new) actor from now on."""
+        with self.conns_lock:
+            self.conns[conn] = actor_index
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+    def _serve(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                with self.conns_lock:
+                    conns = dict(self.conns)
+                ready = multiprocessing.connection.wait(list(conns), timeout=0.1)
+                actors, answers = [], []
+                for conn in ready:
+                    try:
+                        conn.recv_bytes()
+                    except (EOFError, OSError):  # the actor died: its pipe goes
+                        with self.conns_lock:
+                            self.conns.pop(conn, None)
+                        continue
+                    actors.append(conns[conn])
+                    answers.append(conn)
+                if actors:
+                    self.infer(actors)
+                    for conn in answers:
+                        try:
+                            conn.send_bytes(b"!")
+                        except OSError:
+                            pass  # it died meanwhile; the next wait sees its pipe close
+        except Exception as error:  # without inference no actor moves: stop the run
+            self.fail(f"central inference failed: {error!r}")
+
+    def infer(self, actors: list[int]) -> None:
+        """One forward pass for the requests of ``actors``; their rows get the outputs."""
+        self.batch_sizes[len(actors)] = self.batch_sizes.get(len(actors), 0) + 1
+        rows = torch.tensor(actors)
+        inputs = {  # [1, N x E, ...]
+            key: value.index_select(0, rows).flatten(0, 1)[None].to(self.device)
+            for key, value in self.slots.inputs.items()
+        }
+        core_state = tuple(  # [layers, N x E, H]
+            s.index_select(0, rows).transpose(0, 1).flatten(1, 2).to(self.device)
+            for s in self.slots.core_state
+        )
+        with self.lock, torch.inference_mode():
+            outputs, core_state = self.model(inputs, core_state)
+        envs = self.slots.inputs["reward"].shape[1]
+        for key, shared in self.slots.outputs.items():
+            shared.index_copy_(0, rows, outputs[key][0].unflatten(0, (len(actors), envs)).cpu())
+        for shared, state in zip(self.slots.core_state, core_state, strict=True):
+            by_actor = state.unflatten(1, (len(actors), envs)).transpose(0, 1)
+            shared.index_copy_(0, rows, by_actor.cpu())
