@@ -13,7 +13,9 @@
 Each actor talks to the learner only through its own pipe, so an actor that is killed
 takes no lock with it: the dispatcher sees the pipe close, takes back the slots the actor
 held, and starts a new one. A learner that dies closes the pipes and the actors exit. The
-actor's side, and the shared weights, are ``runtime.mono_actor``'s.
+actor's side, and the shared weights, are ``runtime.mono_actor``'s. With
+``--central_inference`` the actors hold no weights: the learner process chooses their
+actions (``runtime.mono_inference``), through a second pipe per actor.
 """
 
 from __future__ import annotations

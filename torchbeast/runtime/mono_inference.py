@@ -124,9 +124,14 @@ class InferenceServer:
         self.thread.start()
 
     def stop(self) -> None:
+        """Stops answering; closing the pipes ends any actor waiting for its actions."""
         self.stopping.set()
         if self.thread.is_alive():
             self.thread.join()
+        with self.conns_lock:
+            for conn in self.conns:
+                conn.close()
+            self.conns.clear()
 
     def _serve(self) -> None:
         try:
@@ -141,6 +146,7 @@ class InferenceServer:
                     except (EOFError, OSError):  # the actor died: its pipe goes
                         with self.conns_lock:
                             self.conns.pop(conn, None)
+                        conn.close()
                         continue
                     actors.append(conns[conn])
                     answers.append(conn)
