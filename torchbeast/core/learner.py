@@ -276,6 +276,7 @@ class Learner:
         """Counts the update, publishes the weights and returns the update's statistics,
         read from the device at once."""
         batch, online = terms.batch, terms.online
+        device = grad_norm.device
         ended = batch["episode_end"] & online  # [T, B]
         figures = {
             "steps": online.sum(),
@@ -302,10 +303,10 @@ class Learner:
             key = extra_key(name)
             figures[f"mean_{key}"] = masked_mean(batch[key], ended)
         if self.settings.replay_size > 0:
-            figures["trusted_fraction"] = torch.as_tensor(terms.trusted_fraction)
-        # One wait for the device for every figure.
-        values = torch.stack([figure.double().cpu() for figure in figures.values()])
-        values = dict(zip(figures, values.tolist(), strict=True))
+            figures["trusted_fraction"] = torch.as_tensor(terms.trusted_fraction, device=device)
+        # One wait for the device for every figure: stacked where they are, read at once.
+        stacked = torch.stack([figure.to(device, torch.float64) for figure in figures.values()])
+        values = dict(zip(figures, stacked.tolist(), strict=True))
 
         self.step += int(values.pop("steps"))
         updates_before = self.updates
