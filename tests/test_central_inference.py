@@ -3,8 +3,6 @@ actor's actions in one batched forward pass; real actor processes, real environm
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 
@@ -15,13 +13,8 @@ import torch
 from tests.test_monobeast import (
     REPO,
     SMALL_RUN,
-    actor_pids,
-    alive,
     monobeast,
     read_rows,
-    start_monobeast,
-    wait_for,
-    wait_for_rows,
 )
 from torchbeast.core.models import create_model
 from torchbeast.core.spec import EnvSpec
@@ -105,31 +98,6 @@ def test_an_lstm_trains_with_central_inference(tmp_path):
     result = monobeast(tmp_path, *args, "--xpid", "run")
     assert result.returncode == 0, result.stderr
     assert int(read_rows(tmp_path / "run" / "logs.csv")[-1]["step"]) >= 1000
-
-
-def test_a_killed_actor_is_replaced_and_central_inference_serves_the_new_one(tmp_path):
-    args = [*SMALL_RUN, "--central_inference", "--total_steps", "10000000", "--xpid", "run"]
-    process = start_monobeast(tmp_path, *args)
-    try:
-        logs = tmp_path / "run" / "logs.csv"
-        wait_for_rows(logs, 3)
-        victims = actor_pids(process.pid)
-        assert len(victims) == 2
-        os.kill(victims[0], signal.SIGKILL)
-        wait_for(
-            lambda: len(actor_pids(process.pid)) == 2 and victims[0] not in actor_pids(process.pid),
-            30,
-            "a new actor",
-        )
-        rows_after_kill = len(read_rows(logs))
-        wait_for_rows(logs, rows_after_kill + 20)  # both actors fill rollouts again
-        assert "died (exit code -9)" in (tmp_path / "run" / "out.log").read_text()
-        actors = actor_pids(process.pid)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=60)
-    assert process.returncode == 0
-    wait_for(lambda: not any(alive(pid) for pid in actors), 10, "actors to exit")
 
 
 @pytest.mark.parametrize("runtime", ["poly", "ray"])

@@ -679,6 +679,19 @@ def test_adam_is_used_when_asked():
     assert learner.optimizer.defaults["eps"] == case.learner.adam_epsilon == 1e-8
 
 
+def vtrace_of(case, batch, outputs) -> vtrace.VTraceFromLogitsReturns:
+    """V-trace of ``batch`` ([T+1, B]) under the model ``outputs`` of all its frames."""
+    return vtrace.from_logits(
+        behavior_policy_logits=batch["policy_logits"][1:],
+        target_policy_logits=outputs["policy_logits"][:-1],
+        actions=batch["action"][1:],
+        discounts=(~batch["done"][1:]).float() * case.learner.discounting,
+        rewards=torch.clamp(batch["reward"][1:], -1, 1),
+        values=outputs["baseline"][:-1],
+        bootstrap_value=outputs["baseline"][-1],
+    )
+
+
 def test_explained_variance_logged_is_that_of_the_vtrace_targets():
     case = make_setup()
     model = make_model(case)
@@ -686,15 +699,7 @@ def test_explained_variance_logged_is_that_of_the_vtrace_targets():
     with torch.no_grad():
         outputs, _ = model(batch, ())
     values = outputs["baseline"][:-1]
-    vs = vtrace.from_logits(
-        behavior_policy_logits=batch["policy_logits"][1:],
-        target_policy_logits=outputs["policy_logits"][:-1],
-        actions=batch["action"][1:],
-        discounts=(~batch["done"][1:]).float() * case.learner.discounting,
-        rewards=torch.clamp(batch["reward"][1:], -1, 1),
-        values=values,
-        bootstrap_value=outputs["baseline"][-1],
-    ).vs
+    vs = vtrace_of(case, batch, outputs).vs
     expected = 1 - float((vs - values).var()) / float(vs.var())
     stats = Learner(case.learner, model).learn(batch)
     assert stats["explained_variance"] == pytest.approx(expected, rel=1e-5)
@@ -812,15 +817,7 @@ def test_the_bootstrap_frame_takes_no_gradient():
     ours = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     outputs, _ = model(batch, (), act=False)  # every frame with a graph, as before
-    vs = vtrace.from_logits(
-        behavior_policy_logits=batch["policy_logits"][1:],
-        target_policy_logits=outputs["policy_logits"][:-1],
-        actions=batch["action"][1:],
-        discounts=(~batch["done"][1:]).float() * case.learner.discounting,
-        rewards=torch.clamp(batch["reward"][1:], -1, 1),
-        values=outputs["baseline"][:-1],
-        bootstrap_value=outputs["baseline"][-1],
-    )
+    vs = vtrace_of(case, batch, outputs)
     pg = losses.policy_gradient_loss(
         outputs["policy_logits"][:-1], batch["action"][1:], vs.pg_advantages
     )

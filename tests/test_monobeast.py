@@ -203,8 +203,11 @@ def test_unknown_env_is_one_clear_error(tmp_path):
     assert_one_error_line(result, "NoSuchGame-v9", "python -m torchbeast.envs")
 
 
-def test_killed_actor_is_replaced_and_training_goes_on(tmp_path):
-    process = start_monobeast(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "run")
+@pytest.mark.parametrize("inference", [[], ["--central_inference"]], ids=["actors", "central"])
+def test_killed_actor_is_replaced_and_training_goes_on(tmp_path, inference):
+    # With central inference the replacement is served through a pipe of its own.
+    args = [*SMALL_RUN, *inference, "--total_steps", "10000000", "--xpid", "run"]
+    process = start_monobeast(tmp_path, *args)
     try:
         logs = tmp_path / "run" / "logs.csv"
         wait_for_rows(logs, 3)

@@ -6,7 +6,12 @@ from __future__ import annotations
 import argparse
 
 from torchbeast.config.flags import make_parser
-from torchbeast.config.parsers import make_env_parser, make_learner_parser, make_ray_parser
+from torchbeast.config.parsers import (
+    make_env_parser,
+    make_learner_parser,
+    make_mono_parser,
+    make_ray_parser,
+)
 
 
 def markers(table: str) -> tuple[str, str]:
@@ -47,6 +52,11 @@ def poly_reference() -> str:
         f"`polybeast` and `polybeast_learner`, besides the flags above:\n\n{learner}\n\n"
         f"`polybeast_env`:\n\n{env}"
     )
+
+
+def mono_reference() -> str:
+    table = markdown_reference(make_mono_parser(), exclude=shared_flags())
+    return f"`monobeast`, besides the flags of the first table:\n\n{table}"
 
 
 def ray_reference() -> str:

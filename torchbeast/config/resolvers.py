@@ -14,8 +14,9 @@ Resolver = Callable[[argparse.Namespace, argparse.ArgumentParser], dict]
 
 # The default layout: actors of this many environments each (one batched forward pass over
 # them per step), as many actors as half the cores (at least 2 where there are 2): the
-# fastest layout measured on 2 cores (2 x 8) and on 16 cores with a GPU (8 x 8 ran at
-# 4,778 SPS, 12 x 8 at 3,400-4,300: the learner was saturated).
+# fastest layout measured on 2 cores (2 x 8), and on 16 cores with a GPU more actors were no
+# faster (Pong on an H200: 8 x 8 at 4,778 SPS; Boxing and Q*bert on an H100: 12 x 8 at
+# 3,400-4,300).
 DEFAULT_ENVS_PER_ACTOR = 8
 
 

@@ -63,7 +63,12 @@ class Runtime:
 RUNTIMES = {
     runtime.name: runtime
     for runtime in (
-        Runtime("mono", "MonoBeast", "torchbeast.runtime.mono"),
+        Runtime(
+            "mono",
+            "MonoBeast",
+            "torchbeast.runtime.mono",
+            flags_table="torchbeast.config.reference:mono_reference",
+        ),
         Runtime(
             "poly",
             "PolyBeast",
