@@ -107,3 +107,16 @@ def test_central_inference_belongs_to_monobeast(runtime):
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "--central_inference is MonoBeast's" in result.stderr.strip().splitlines()[-1]
+
+
+def test_central_inference_is_off_unless_asked_for():
+    from torchbeast.config.flags import parse_flags
+    from torchbeast.config.parsers import make_mono_parser
+    from torchbeast.config.settings import build_settings
+
+    mono = make_mono_parser()
+    assert build_settings(parse_flags([], mono), "mono").runtime.central_inference is False
+    asked = parse_flags(["--central_inference"], mono)
+    assert build_settings(asked, "mono").runtime.central_inference is True
+    # The flags of every runtime have no such flag: the settings keep its default.
+    assert build_settings(parse_flags([]), "mono").runtime.central_inference is False

@@ -66,7 +66,7 @@ class ActorSettings:
 @dataclass(frozen=True)
 class MonoSettings:
     num_buffers: int  # shared-memory rollout buffers
-    central_inference: bool  # the learner process acts for every actor
+    central_inference: bool = False  # the learner process acts for every actor
 
 
 @dataclass(frozen=True)
