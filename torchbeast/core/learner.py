@@ -168,19 +168,21 @@ class Learner:
                 self.undo.save()
             # --epochs passes over the batch, V-trace correcting for the policy moving
             # between them; the statistics describe the first pass.
-            passes: list[tuple[LossTerms, torch.Tensor]] = []
+            first_pass: LossTerms | None = None
+            checked: list[tuple[torch.Tensor, torch.Tensor]] = []  # (loss, gradient norm)
             try:
                 for _ in range(self.settings.epochs):
                     terms = self._losses(batch, initial_core_state, num_online)
-                    passes.append((terms, self._apply(terms.total_loss)))
+                    checked.append((terms.total_loss.detach(), self._apply(terms.total_loss)))
+                    first_pass = first_pass or terms
                 if self.deferred_checks:
-                    self._check_update(inputs_finite, passes)
+                    self._check_update(inputs_finite, checked)
             except NonFiniteLossError:
                 if saved:
                     self.undo.restore()
                 raise
             self.scheduler.step()
-            first_pass, grad_norm = passes[0]
+            grad_norm = checked[0][1]
             targets = first_pass.vtrace_returns.vs
             if first_pass.loss_mask is not None:
                 targets = targets[first_pass.loss_mask.bool()]
@@ -207,17 +209,16 @@ class Learner:
     def _check_update(
         self,
         inputs_finite: dict[str, torch.Tensor],
-        passes: list[tuple[LossTerms, torch.Tensor]],
+        checked: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> None:
         """With deferred checks: one wait for the device for the whole update, and on a
         failure the error the checks of each pass would have raised first."""
-        losses_and_norms = [(terms.total_loss.detach(), norm) for terms, norm in passes]
         finite = [*inputs_finite.values()]
-        finite += [torch.isfinite(value) for pair in losses_and_norms for value in pair]
+        finite += [torch.isfinite(value) for pair in checked for value in pair]
         if bool(torch.stack(finite).all()):
             return
         self._check_inputs(inputs_finite)
-        for total_loss, grad_norm in losses_and_norms:
+        for total_loss, grad_norm in checked:
             self._check_pass(total_loss, grad_norm)
 
     def nonfinite_columns(
