@@ -163,7 +163,7 @@ def test_fire_is_pressed_after_every_lost_life_so_a_noop_agent_loses_the_game(ma
 
 
 def test_no_fire_on_life_loss_leaves_a_noop_agent_waiting_after_its_first_lost_life(make_env):
-    env = create_env(EnvSettings("BreakoutNoFrameskip-v4", no_fire_on_life_loss=True))
+    env = create_env(EnvSettings("BreakoutNoFrameskip-v4", options={"no_fire_on_life_loss": True}))
     try:
         lives_at_done, ended = play_noop_breakout(env, 1000)
     finally:
@@ -201,8 +201,8 @@ def test_polybeast_env_processes_get_no_fire_on_life_loss_from_the_learner():
         flags = parse_flags(["--xpid", "x", *argv], make_learner_parser("test"))
         return env_side_of(build_settings(flags, "poly"))
 
-    assert env_side("--no_fire_on_life_loss").env.no_fire_on_life_loss
-    assert not env_side().env.no_fire_on_life_loss
+    assert env_side("--no_fire_on_life_loss").env.option("no_fire_on_life_loss")
+    assert not env_side().env.option("no_fire_on_life_loss")
 
 
 def test_atari_rewards_are_the_game_score_unclipped(make_env):

@@ -34,7 +34,7 @@ RIVERRAID = "RiverraidNoFrameskip-v4"
 
 
 def proxy_of(*args: str) -> RewardProxy | None:
-    return proxy_from_flags(parse_flags(["--env", RIVERRAID, *args]))
+    return proxy_from_flags(vars(parse_flags(["--env", RIVERRAID, *args])))
 
 
 # Which reward trains the agent.
@@ -338,7 +338,7 @@ def test_polybeast_passes_proxy_values_that_look_like_options_to_its_env_servers
         make_learner_parser("test"),
     )
     env = env_side_of(build_settings(learner_flags, "poly")).env
-    assert (env.move_penalty, env.fuel_multiplier) == (-1e-05, 1.0)
+    assert (env.option("move_penalty"), env.option("fuel_multiplier")) == (-1e-05, 1.0)
 
 
 def test_real_rom_without_proxy_flags_stays_on_the_fast_vector_env():
@@ -347,7 +347,7 @@ def test_real_rom_without_proxy_flags_stays_on_the_fast_vector_env():
         assert type(env.env).__name__ == "AtariVectorEnv"
     finally:
         env.close()
-    env = create_env(EnvSettings(RIVERRAID, fuel_multiplier=2.0), num_envs=1)
+    env = create_env(EnvSettings(RIVERRAID, options={"fuel_multiplier": 2.0}), num_envs=1)
     try:
         assert isinstance(env.env, gym.vector.SyncVectorEnv)
     finally:

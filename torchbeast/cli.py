@@ -10,7 +10,7 @@ import gymnasium as gym
 import torch
 
 from torchbeast import evaluation
-from torchbeast.config.flags import parse_flags
+from torchbeast.config.flags import parse_flags_and_sources
 from torchbeast.config.settings import Settings, build_settings
 from torchbeast.core.errors import UserError
 from torchbeast.runtime.console import setup_console_logging
@@ -52,7 +52,8 @@ def run(
     """Runs the mode the flags ask for: training in the entry point's ``runtime`` (its
     registered ``train`` unless another is given), or test and eval, which play on this
     machine whatever the runtime."""
-    settings = build_settings(parse_flags(argv, parser), runtime)
+    flags, sources = parse_flags_and_sources(argv, parser)
+    settings = build_settings(flags, runtime, sources)
     mode = settings.run.mode
     if mode == "train":
         train = train or RUNTIMES[runtime].train

@@ -8,7 +8,6 @@ returns, per step), prints mean ± std, and writes the figures to ``savedir/xpid
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -22,7 +21,7 @@ from torchbeast import envs
 from torchbeast.config.settings import Settings
 from torchbeast.core import checkpoint
 from torchbeast.core.models import ModelSettings, create_model, model_config
-from torchbeast.envs import riverraid
+from torchbeast.envs.family import family_of
 from torchbeast.envs.settings import EnvSettings
 from torchbeast.runtime.console import setup_console_logging
 
@@ -153,28 +152,14 @@ def summarize(episodes: list[Episode]) -> dict[str, dict[str, float]]:
     }
 
 
-def proxy_flags(flags: EnvSettings | dict) -> dict[str, float]:
-    """The proxy flags as the run uses them (defaults filled in), {} for the game score;
-    ``flags``: the env settings, or the flags a checkpoint recorded."""
-    given = argparse.Namespace(**flags) if isinstance(flags, dict) else flags
-    proxy = riverraid.proxy_from_flags(given)
-    return {} if proxy is None else dataclasses.asdict(proxy)
-
-
 def evaluate(settings: Settings) -> dict:
     """--mode eval: plays greedily, prints mean ± std of each figure, writes eval.json."""
     setup_console_logging()
     trained = load_trained(settings)
     state, xpid = trained.state, settings.run.xpid
-    trained_with = proxy_flags(state.get("flags", {}))
-    evaluated_with = proxy_flags(trained.env)
-    if trained_with != evaluated_with:
-        log.warning(
-            "Evaluating with reward proxy %s, but %s was trained with %s.",
-            evaluated_with or "none (game score)",
-            xpid,
-            trained_with or "none (game score)",
-        )
+    family_figures = family_of(trained.env.env).evaluation_figures(
+        trained.env, state.get("flags", {})
+    )
     episodes = play(settings, trained)
     summary = summarize(episodes)
     # The models hold parameters only (no buffers such as batch-norm statistics).
@@ -186,8 +171,7 @@ def evaluate(settings: Settings) -> dict:
         "env": trained.env.env,
         "num_episodes": len(episodes),
         "parameters": parameters,
-        "reward_proxy": evaluated_with,
-        "trained_with_reward_proxy": trained_with,
+        **family_figures,
         **summary,
         "episodes": [episode.figures() for episode in episodes],
     }

@@ -69,7 +69,9 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)  # the policy's sampled actions
 
-    settings = EnvSettings("RiverraidNoFrameskip-v4", fuel_multiplier=1.0, move_penalty=0.0)
+    settings = EnvSettings(
+        "RiverraidNoFrameskip-v4", options={"fuel_multiplier": 1.0, "move_penalty": 0.0}
+    )
     env = envs.create_env(settings, num_envs=1)
     ale = env.env.envs[0].unwrapped.ale
     action_names = env.env.envs[0].unwrapped.get_action_meanings()
@@ -83,7 +85,7 @@ def main() -> None:
         core_state = model.initial_state(1)
         value_scale = state.get("value_scale", {}).get("scale", 1.0)
         discount = state["flags"]["discounting"]
-        trained = riverraid.proxy_from_flags(argparse.Namespace(**state["flags"]))
+        trained = riverraid.proxy_from_flags(state["flags"])
         survival = trained == riverraid.RewardProxy()  # +10 per step alive, nothing else
     rng = np.random.default_rng(args.seed)
 

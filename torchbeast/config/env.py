@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from torchbeast.envs.family import families
 from torchbeast.envs.settings import EnvSettings
 
 
@@ -23,5 +24,9 @@ def from_flags(settings_type, parsed: argparse.Namespace, /, **given):
 
 
 def env_settings(flags: argparse.Namespace) -> EnvSettings:
-    """The run's environments: the flags of the same names."""
-    return from_flags(EnvSettings, flags)
+    """The run's environments: ``--env``, ``--seed`` and every family's flags."""
+    parsed = vars(flags)
+    options = {
+        name: parsed[name] for family in families() for name in family.flag_names if name in parsed
+    }
+    return EnvSettings(flags.env, flags.seed, options)

@@ -9,7 +9,10 @@ flag groups; :func:`parse_flags` refuses impossible values with one clear messag
 from __future__ import annotations
 
 import argparse
+import sys
 
+from torchbeast.config.argparser import FlagParser
+from torchbeast.config.layers import COMMAND_LINE, parse_in_layers, settings_table
 from torchbeast.config.resolvers import (
     DEFAULT_ENVS_PER_ACTOR,
     Resolver,
@@ -18,14 +21,15 @@ from torchbeast.config.resolvers import (
     resolve_run_folder,
 )
 from torchbeast.config.values import (
-    finite_float,
     nonnegative_float,
     nonnegative_int,
     positive_float,
     positive_int,
     unit_float,
 )
+from torchbeast.envs.family import families
 
+DERIVED = "derived"  # a resolver filled it from other flags or the machine
 MODES = ("train", "test", "test_render", "eval")
 
 # Defaults that differ from the original MonoBeast's, which never learned Pong on a small
@@ -56,16 +60,12 @@ def make_parser(
     shared-memory buffers (MonoBeast), so that the flag is resolved and checked; other
     runtimes accept it, as the original command lines may give it, and ignore it.
     """
-    parser = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    parser = FlagParser(description=description)
     resolvers: list[Resolver] = [resolve_layout, resolve_run_folder]
     parser.resolvers = resolvers  # run by parse_flags, in order; runtimes may add theirs
     if shared_memory_buffers:
         resolvers.append(resolve_num_buffers)
-    add = parser.add_argument
-
-    # Run.
+    add = parser.add_argument_group("Run").add_argument
     add("--env", type=str, default="PongNoFrameskip-v4", help="Gymnasium environment id.")
     add(
         "--mode",
@@ -76,8 +76,27 @@ def make_parser(
     )
     add("--xpid", default=None, help="Experiment id (default: torchbeast-%%Y%%m%%d-%%H%%M%%S).")
     add("--seed", type=nonnegative_int, default=None, help="(new) Seed for envs and the model.")
+    add(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="(new) A TOML file of flag values (the flags' names as keys), above the env's "
+        "presets and beneath the command line.",
+    )
+    add(
+        "--no_presets",
+        action="store_true",
+        help="(new) Leave out the env family's presets (settings measured to learn, e.g. "
+        "MinAtar's grid torso): the defaults and the flags given only, as the original ran.",
+    )
+    add(
+        "--print_settings",
+        action="store_true",
+        help="(new) Print every setting with where its value came from (default, preset, "
+        "file, command line, derived) and exit.",
+    )
 
-    # Training settings.
+    add = parser.add_argument_group("Training: actors, batches, checkpoints, logs").add_argument
     add("--disable_checkpoint", action="store_true", help="Disable saving checkpoint.")
     add(
         "--savedir",
@@ -149,7 +168,7 @@ def make_parser(
         "warnings on the console; out.log keeps everything.",
     )
 
-    # Model.
+    add = parser.add_argument_group("Model").add_argument
     add("--use_lstm", action="store_true", help="Use LSTM in agent model.")
     add(
         "--use_resnet",
@@ -188,7 +207,9 @@ def make_parser(
         "or PyTorch's default (the original's).",
     )
 
-    # LASER shared experience replay (Schmitt, Hessel, Simonyan 2019).
+    add = parser.add_argument_group(
+        "LASER shared experience replay (Schmitt, Hessel, Simonyan 2019)"
+    ).add_argument
     add(
         "--replay_size",
         default=0,
@@ -220,7 +241,7 @@ def make_parser(
         "this, in nats, are left out of V-trace and every loss term.",
     )
 
-    # Test and eval modes.
+    add = parser.add_argument_group("Test and eval modes").add_argument
     add(
         "--num_episodes",
         default=10,
@@ -231,7 +252,7 @@ def make_parser(
 
     add_env_side_flags(parser)
 
-    # Loss settings.
+    add = parser.add_argument_group("Loss").add_argument
     add("--entropy_cost", default=0.001, type=nonnegative_float, help="Entropy cost/multiplier.")
     add("--baseline_cost", default=0.5, type=nonnegative_float, help="Baseline cost/multiplier.")
     add("--discounting", default=0.99, type=unit_float, help="Discounting factor.")
@@ -270,7 +291,7 @@ def make_parser(
         help="Reward clipping.",
     )
 
-    # Optimizer settings.
+    add = parser.add_argument_group("Optimizer").add_argument
     add("--learning_rate", default=0.0007, type=positive_float, metavar="LR", help="Learning rate.")
     add(
         "--optimizer",
@@ -301,54 +322,39 @@ def make_parser(
 
 
 def add_env_side_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags that change what the environments do; PolyBeast's env side takes them too."""
-    parser.add_argument(
-        "--no_fire_on_life_loss",
-        action="store_true",
-        help="(new) Atari: do not press FIRE after a lost life (the original's wrappers do; "
-        "games such as Breakout and Riverraid wait for it).",
-    )
-    add_reward_proxy_flags(parser)
-
-
-def add_reward_proxy_flags(parser: argparse.ArgumentParser) -> None:
-    """Riverraid's reward proxy flags (``envs.riverraid``); a flag left out is None, so
-    that "none given" (train on the game score) can be told apart from the defaults."""
-    add = parser.add_argument
-    add(
-        "--fuel_multiplier",
-        type=finite_float,
-        default=None,
-        metavar="M",
-        help="(new) Riverraid proxy: M >= 0 makes fuel canisters worth 80*M; M < 0 is the "
-        "pacifist proxy (default 1: off). See the README's table of proxies.",
-    )
-    add(
-        "--move_penalty",
-        type=finite_float,
-        default=None,
-        metavar="P",
-        help="(new) Riverraid proxy when --fuel_multiplier is 1: 10 per step alive, minus P per "
-        "sideways move (P >= 0) or plus P*(x-76)^2/20 (P < 0) (default 0).",
-    )
-    add(
-        "--true_move_penalty",
-        type=finite_float,
-        default=None,
-        metavar="Q",
-        help="(new) Riverraid: the move measure with Q, logged as the true move, "
-        "never trained on (default 0).",
-    )
+    """The flags of every environment family (``envs.family``), each family's in its own
+    group; PolyBeast's env side takes them too."""
+    for family in families():
+        family.add_flags(parser.add_argument_group(f"{family.name} environments"))
 
 
 def parse_flags(
     argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None
 ) -> argparse.Namespace:
-    """Parses and validates flags, and fills the defaults derived from other flags (the
-    parser's ``resolvers``, in order); impossible combinations exit with one clear message.
-    The result is final: nothing changes it afterwards."""
+    """Parses and validates flags (``parse_flags_and_sources``, without the sources)."""
+    return parse_flags_and_sources(argv, parser)[0]
+
+
+def parse_flags_and_sources(
+    argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None
+) -> tuple[argparse.Namespace, dict[str, str]]:
+    """Parses and validates flags over the defaults, the env's presets and a ``--config``
+    file (``layers``), and fills the defaults derived from other flags (the parser's
+    ``resolvers``, in order); impossible combinations exit with one clear message. The
+    result is final: nothing changes it afterwards. Also returns where each value came
+    from (``layers``; "derived" where a resolver filled it)."""
     parser = parser or make_parser()
-    flags = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    flags, sources = parse_in_layers(parser, argv)
     for resolve in parser.resolvers:
-        flags = argparse.Namespace(**{**vars(flags), **resolve(flags, parser)})
-    return flags
+        resolved = resolve(flags, parser)
+        sources.update(
+            (name, DERIVED)
+            for name, value in resolved.items()
+            if sources.get(name) != COMMAND_LINE or value != getattr(flags, name, None)
+        )
+        flags = argparse.Namespace(**{**vars(flags), **resolved})
+    if getattr(flags, "print_settings", False):
+        print(settings_table(flags, sources))
+        parser.exit()
+    return flags, sources

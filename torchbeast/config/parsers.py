@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from torchbeast.config.argparser import FlagParser
 from torchbeast.config.flags import make_parser
 from torchbeast.config.poly import resolve_learner_flags
 from torchbeast.config.poly_flags import add_env_flags, add_learner_flags
@@ -46,10 +47,7 @@ def make_poly_parser() -> argparse.ArgumentParser:
 
 def make_env_parser() -> argparse.ArgumentParser:
     """``polybeast_env``'s parser."""
-    parser = argparse.ArgumentParser(
-        description="PolyBeast env servers (or, with --connect, env clients).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = FlagParser(description="PolyBeast env servers (or, with --connect, env clients).")
     add_env_flags(parser)
     return parser
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from torchbeast.config.env import env_settings, from_flags
@@ -34,10 +35,21 @@ class RunSettings:
     suppress_logs: bool
     # Every flag as parsed and resolved, as meta.json and checkpoints record them.
     flags: tuple[tuple[str, object], ...] = ()
+    # Where each flag's value came from (config.layers), as meta.json records it.
+    sources: tuple[tuple[str, str], ...] = ()
 
     @property
     def run_dir(self) -> str:
         return os.path.join(self.savedir, self.xpid)
+
+    def presets_applied(self) -> dict[str, dict[str, object]]:
+        """The preset values the run uses, by preset ("preset MinAtar": {flag: value})."""
+        applied: dict[str, dict[str, object]] = {}
+        flags = dict(self.flags)
+        for name, source in self.sources:
+            if source.startswith("preset "):
+                applied.setdefault(source, {})[name] = flags.get(name)
+        return applied
 
     def recorded_flags(self, env_id: str) -> dict[str, object]:
         """The flags to record, with the env id the run resolved (e.g. from a checkpoint)."""
@@ -95,11 +107,21 @@ RUNTIME_SETTINGS = {
 }
 
 
-def build_settings(flags: argparse.Namespace, runtime: str | None = None) -> Settings:
+def build_settings(
+    flags: argparse.Namespace,
+    runtime: str | None = None,
+    sources: Mapping[str, str] | None = None,
+) -> Settings:
     """The settings of a parsed command line (``config.flags.parse_flags``), with those of
-    ``runtime`` ("mono", "poly", "ray") if given."""
+    ``runtime`` ("mono", "poly", "ray") if given; ``sources``: where each flag's value came
+    from (``config.flags.parse_flags_and_sources``)."""
     return Settings(
-        run=from_flags(RunSettings, flags, flags=tuple(vars(flags).items())),
+        run=from_flags(
+            RunSettings,
+            flags,
+            flags=tuple(vars(flags).items()),
+            sources=tuple((sources or {}).items()),
+        ),
         env=env_settings(flags),
         model=model_settings(flags),
         learner=learner_settings(flags),

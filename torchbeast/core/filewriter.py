@@ -47,10 +47,16 @@ def git_commit() -> str | None:
 
 class FileWriter:
     """Writes the run folder ``savedir/xpid``; ``flags`` (every flag's value) goes into
-    meta.json as given. The console's log lines are the caller's to set up."""
+    meta.json as given, and ``sources`` (where each value came from: default, preset,
+    file, command line, derived) beside it. The console's log lines are the caller's to set up."""
 
     def __init__(
-        self, savedir: str, xpid: str, flags: Mapping[str, object], tensorboard: bool = True
+        self,
+        savedir: str,
+        xpid: str,
+        flags: Mapping[str, object],
+        tensorboard: bool = True,
+        sources: Mapping[str, str] | None = None,
     ):
         self.directory = os.path.join(savedir, xpid)
         os.makedirs(self.directory, exist_ok=True)
@@ -70,6 +76,7 @@ class FileWriter:
         previous = self._read_previous_meta()
         self.meta = {
             "flags": dict(flags),
+            "sources": dict(sources or {}),
             "date_start": previous.get("date_start", now),
             "dates_resumed": previous.get("dates_resumed", []) + ([now] if previous else []),
             "date_end": None,

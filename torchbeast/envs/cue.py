@@ -16,6 +16,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
+from torchbeast.envs.family import EnvFamily
+
 ENV_ID = "torchbeast/PixelCue-v0"
 SIZE = 84
 HALF = SIZE // 2
@@ -58,3 +60,13 @@ class PixelCue(gym.Env):
 def register() -> None:
     if ENV_ID not in gym.registry:
         gym.register(ENV_ID, entry_point=PixelCue)
+
+
+class PixelCueFamily(EnvFamily):
+    """PixelCue, the pipeline's own check (``make learn``)."""
+
+    def __init__(self):
+        super().__init__(name="PixelCue", summary="the synthetic pixel task of the learning checks")
+
+    def takes(self, env_id: str, spec: gym.envs.registration.EnvSpec) -> bool:
+        return spec.id == ENV_ID

@@ -10,7 +10,6 @@ import threading
 import gymnasium as gym
 
 from torchbeast.core.errors import UserError
-from torchbeast.envs import cue
 
 LIST_IDS_HINT = "list valid ids with: python -m torchbeast.envs"
 
@@ -28,6 +27,8 @@ def _register_optional_envs() -> None:
     # "dictionary changed size during iteration" and stopped every client of the process).
     with _registering:
         import ale_py
+
+        from torchbeast.envs import cue
 
         gym.register_envs(ale_py)
         cue.register()

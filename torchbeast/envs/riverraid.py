@@ -30,6 +30,7 @@ game starts and when a life is taken.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -84,20 +85,19 @@ class RewardProxy:
         return f"{self.kind} proxy ({parameter}); true move penalty {self.true_move_penalty:g}"
 
 
-def proxy_from_flags(flags: object) -> RewardProxy | None:
+def proxy_from_flags(flags: Mapping[str, object]) -> RewardProxy | None:
     """The run's proxy, or None when no proxy flag was given (train on the game score).
-    ``flags``: anything with the proxy flags as attributes (the env's settings, or a
-    namespace of the flags a checkpoint recorded)."""
-    given = {name: getattr(flags, name, None) for name in PROXY_FLAGS}
+    ``flags``: the proxy flags by name (the env's options, or the flags a checkpoint
+    recorded); a flag missing or None is not given."""
+    given = {name: flags.get(name) for name in PROXY_FLAGS}
     if all(value is None for value in given.values()):
         return None
     return RewardProxy(**{name: value for name, value in given.items() if value is not None})
 
 
-def log_training_reward(settings, reward_clipping: str) -> None:
+def log_training_reward(proxy: RewardProxy | None, reward_clipping: str) -> None:
     """With a proxy, says which reward trains the agent, and warns when the default reward
-    clipping hides the proxy's size. ``settings``: the env's (its proxy fields)."""
-    proxy = proxy_from_flags(settings)
+    clipping hides the proxy's size."""
     if proxy is None:
         return
     log.info("Reward: %s.", proxy.describe())

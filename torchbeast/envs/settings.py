@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -10,12 +11,19 @@ from dataclasses import dataclass
 class EnvSettings:
     """The env flags of the same names. ``env`` is None only where the run's checkpoint
     names it (a PolyBeast learner resuming, test and eval modes): the command resolves it
-    into a new EnvSettings before it makes an environment."""
+    into a new EnvSettings before it makes an environment.
+
+    ``options``: the flags the environment families add (``envs.family``), by name, every
+    family's (the env id may come from a checkpoint later); a mapping is kept as sorted
+    (name, value) pairs."""
 
     env: str | None
     seed: int | None = None
-    no_fire_on_life_loss: bool = False
-    # Riverraid's reward proxy (envs.riverraid); None: not given.
-    fuel_multiplier: float | None = None
-    move_penalty: float | None = None
-    true_move_penalty: float | None = None
+    options: tuple[tuple[str, object], ...] | Mapping[str, object] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "options", tuple(sorted(dict(self.options).items())))
+
+    def option(self, name: str, default: object = None) -> object:
+        """The family flag ``name`` (``default`` where the command had no such flag)."""
+        return dict(self.options).get(name, default)

@@ -237,7 +237,9 @@ class Trainer(ProgressReporting, Checkpointing):
         env_id = self.env_spec.env_id
         resumed = self.resume_if_possible()  # before any file of the run is touched
         setup_console_logging()
-        writer = FileWriter(run.savedir, run.xpid, run.recorded_flags(env_id))
+        writer = FileWriter(
+            run.savedir, run.xpid, run.recorded_flags(env_id), sources=dict(run.sources)
+        )
         if resumed:
             log.info("Resuming from %s at step %d.", self.checkpoint_path, self.learner.step)
         log.info(
@@ -251,6 +253,9 @@ class Trainer(ProgressReporting, Checkpointing):
         source = self.settings.actors.layout_source
         log.info("Layout: %s%s.", self.actor_layout(), f" ({source})" if source else "")
         log.info("%s", self.threads_line)
+        for preset, values in run.presets_applied().items():
+            given = " ".join(f"--{name} {value}" for name, value in values.items())
+            log.info("Settings from the %s: %s (--no_presets leaves them out).", preset, given)
         envs.log_training_reward(self.settings.env, self.settings.learner.reward_clipping)
         if self.learner.step >= run.total_steps:
             log.info(

@@ -1,0 +1,174 @@
+"""Where each flag's value comes from. Four layers, each above the one before:
+
+1. the parser's **default**;
+2. the env family's **presets** (``envs.family``): settings that runs measured to learn,
+   for the family and for the game (``--no_presets`` leaves them out, so that the original's
+   and the fork's command lines run exactly as their authors ran them);
+3. a **file** given with ``--config FILE`` (TOML: the flags' names as keys, with ``_`` or
+   ``-``; a switch is ``true`` or ``false``);
+4. the **command line**, which always wins.
+
+``--print_settings`` prints every value with its source and exits; ``meta.json`` records
+the sources beside the flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from collections.abc import Mapping
+
+import tomllib
+
+from torchbeast.envs.family import Preset, family_of
+from torchbeast.envs.registry import EnvError
+
+DEFAULT = "default"
+COMMAND_LINE = "command line"
+
+
+def flag_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """The parser's flags by destination (``learning_rate``), help left out."""
+    return {
+        action.dest: action
+        for action in parser._actions
+        if action.option_strings and action.dest != argparse.SUPPRESS
+    }
+
+
+def asks_for_help(argv: list[str]) -> bool:
+    return any(
+        token == "-h" or (token.startswith("--h") and "--help".startswith(token)) for token in argv
+    )
+
+
+def given_on_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> dict:
+    """The flags ``argv`` gives, parsed and checked as the parser does, without defaults."""
+    actions = flag_actions(parser).values()
+    saved = {action: action.default for action in actions}
+    saved_parser_defaults = parser._defaults
+    try:
+        for action in actions:
+            action.default = argparse.SUPPRESS
+        parser._defaults = {}
+        return vars(parser.parse_args(argv))
+    finally:
+        for action, default in saved.items():
+            action.default = default
+        parser._defaults = saved_parser_defaults
+
+
+def nearest_flag(name: str, parser: argparse.ArgumentParser) -> str:
+    """ " (did you mean --x?)" for the flag nearest to ``name``, or ""."""
+    near = difflib.get_close_matches(name, list(flag_actions(parser)), n=1)
+    return f" (did you mean --{near[0]}?)" if near else ""
+
+
+def file_value(action: argparse.Action, value: object) -> object:
+    """``value`` from a config file as the flag's type makes it; ValueError if it cannot be."""
+    if action.nargs == 0:  # a switch: store_true and the like
+        if not isinstance(value, bool):
+            raise ValueError("a switch takes true or false")
+        return action.const if value else action.default
+    if isinstance(value, (dict, list)):
+        raise ValueError("a flag takes one value")
+    if isinstance(value, bool):
+        raise ValueError("takes a value, not true or false")
+    convert = action.type or str
+    try:
+        converted = convert(str(value))
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as error:
+        raise ValueError(str(error) or f"invalid value {value!r}") from None
+    if action.choices is not None and converted not in action.choices:
+        raise ValueError(f"{converted!r} is not one of {', '.join(map(str, action.choices))}")
+    return converted
+
+
+def read_config_file(path: str, parser: argparse.ArgumentParser) -> dict:
+    """The flag values in the TOML file at ``path``, checked as the command line's are;
+    a wrong key or value stops the parse with one line naming the file and the fix."""
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except OSError as error:
+        parser.error(f"--config {path}: cannot read it ({error.strerror or error})")
+    except tomllib.TOMLDecodeError as error:
+        parser.error(f"--config {path}: not valid TOML ({error})")
+    actions = flag_actions(parser)
+    values = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in actions or name in ("config", "print_settings"):
+            parser.error(
+                f"--config {path}: {key!r} is no flag of this command{nearest_flag(name, parser)}"
+            )
+        try:
+            values[name] = file_value(actions[name], value)
+        except ValueError as error:
+            parser.error(f"--config {path}: {key} = {value!r}: {error}")
+    return values
+
+
+def presets_for(
+    env_id: object, view: Mapping[str, object], parser: argparse.ArgumentParser
+) -> tuple[dict, dict[str, str]]:
+    """The values of the env's presets this parser has flags for, and each one's source."""
+    if not isinstance(env_id, str):
+        return {}, {}
+    try:
+        presets: list[Preset] = family_of(env_id).presets(env_id, view)
+    except EnvError:  # an unknown id: the run says so when it makes its envs
+        return {}, {}
+    actions = flag_actions(parser)
+    values, sources = {}, {}
+    for preset in presets:
+        for name, value in preset.flags.items():
+            if name in actions:
+                values[name], sources[name] = value, f"preset {preset.scope}"
+    return values, sources
+
+
+def parse_in_layers(
+    parser: argparse.ArgumentParser, argv: list[str]
+) -> tuple[argparse.Namespace, dict[str, str]]:
+    """Parses ``argv`` over the defaults, presets and config file; returns the flags and
+    where each value came from."""
+    if asks_for_help(argv):
+        return parser.parse_args(argv), {}
+    given = given_on_command_line(parser, argv)
+    defaults = {dest: parser.get_default(dest) for dest in flag_actions(parser)}
+    config = given.get("config") or defaults.get("config")
+    file_values = read_config_file(config, parser) if config else {}
+    view = {**defaults, **file_values, **given}
+    preset_values, sources = (
+        ({}, {}) if view.get("no_presets") else presets_for(view.get("env"), view, parser)
+    )
+    layered = {**preset_values, **file_values}
+    saved = {dest: parser.get_default(dest) for dest in layered}
+    try:
+        parser.set_defaults(**layered)
+        flags = parser.parse_args(argv)
+    finally:
+        parser.set_defaults(**saved)
+    for dest in vars(flags):
+        if dest in given:
+            sources[dest] = COMMAND_LINE
+        elif dest in file_values:
+            sources[dest] = f"file {config}"
+        else:
+            sources.setdefault(dest, DEFAULT)
+    return flags, sources
+
+
+def settings_table(flags: argparse.Namespace, sources: Mapping[str, str]) -> str:
+    """Every flag's value and its source, one per line, as ``--print_settings`` shows."""
+    rows = [
+        (f"--{name}", repr(value), sources.get(name, DEFAULT))
+        for name, value in sorted(vars(flags).items())
+        if name != "sources"
+    ]
+    width = max(len(name) for name, _, _ in rows)
+    value_width = min(max(len(value) for _, value, _ in rows), 40)
+    return "\n".join(
+        f"{name:<{width}}  {value:<{value_width}}  {source}" for name, value, source in rows
+    )

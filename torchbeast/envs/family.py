@@ -1,0 +1,161 @@
+"""Environment families: what torchbeast knows about a kind of environment, in one place.
+
+A family says which ids it takes, how it makes N of them stepped together, the flags it
+adds (their own group in ``--help``), and its presets: settings that runs measured to
+learn, applied beneath the command line (``config.layers``). The built-in families are
+Atari (with Riverraid's reward proxies), MinAtar, PixelCue and, for every other id whose
+spaces torchbeast can train, Gymnasium's own (classic control and a user's ``module:Id``).
+
+A package adds its own family through an entry point in the group ``torchbeast.env_families``
+that names an ``EnvFamily`` instance (or a class to instantiate), in its ``pyproject.toml``::
+
+    [project.entry-points."torchbeast.env_families"]
+    congestion = "my_package.family:CongestionFamily"
+
+Families from entry points are asked before the built-in ones, so a package can take over
+ids that a built-in family would also take.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.metadata
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import gymnasium as gym
+
+from torchbeast.envs.registry import EnvError, gym_spec
+
+if TYPE_CHECKING:
+    from torchbeast.envs.batched import BatchedEnv
+    from torchbeast.envs.settings import EnvSettings
+
+log = logging.getLogger("torchbeast")
+
+ENTRY_POINT_GROUP = "torchbeast.env_families"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Flag values a run measured to learn, for a family or one of its games.
+
+    ``scope``: what it is for, as the log and ``--print_settings`` name it ("MinAtar",
+    "MinAtar/SpaceInvaders-v1"); ``measured``: the run that measured it (command, seed and
+    figure), which the README's table of presets repeats."""
+
+    scope: str
+    flags: Mapping[str, object]
+    measured: str = ""
+
+
+@dataclass
+class EnvFamily:
+    """A family of environments. Subclasses override what their family needs; the base
+    makes any Gymnasium id with ``gym.make`` and has no flags and no presets."""
+
+    name: str = "Gymnasium"
+    summary: str = "any other Gymnasium id with a Box observation and Discrete actions"
+    # The flags the family adds (argparse dests): their values reach its envs through
+    # ``EnvSettings.options``, and ``polybeast_env`` takes them too.
+    flag_names: tuple[str, ...] = field(default=(), init=False)
+
+    def takes(self, env_id: str, spec: gym.envs.registration.EnvSpec) -> bool:
+        """Whether this family makes ``env_id`` (its registered ``spec``)."""
+        return True
+
+    def add_flags(self, group: argparse._ArgumentGroup) -> None:
+        """Adds the family's flags to its group of the parser."""
+
+    def presets(self, env_id: str, given: Mapping[str, object]) -> list[Preset]:
+        """The presets for ``env_id``, family-wide first, then the game's; ``given``: the
+        flags set so far (defaults, a config file, the command line), for presets that
+        depend on them."""
+        return []
+
+    def check(self, settings: EnvSettings) -> None:
+        """Raises EnvError where the family's flags cannot apply to ``settings.env``."""
+
+    def make(
+        self, settings: EnvSettings, num_envs: int, num_threads: int, render: bool
+    ) -> BatchedEnv:
+        """``num_envs`` copies of ``settings.env``, stepped together."""
+        from torchbeast.envs.batched import BatchedEnv
+
+        env_id = settings.env
+        make_kwargs = {"render_mode": "human"} if render else {}
+        vector_env = gym.vector.SyncVectorEnv(
+            [lambda: gym.make(env_id, **make_kwargs)] * num_envs,
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
+        return BatchedEnv(vector_env, env_id, track_lives=False)
+
+    def reward_description(self, settings: EnvSettings) -> str | None:
+        """What trains the agent where it is not the env's own reward, or None."""
+        return None
+
+    def log_training_reward(self, settings: EnvSettings, reward_clipping: str) -> None:
+        """Says which reward trains the agent where it is not the env's own."""
+
+    def evaluation_figures(self, settings: EnvSettings, trained_flags: Mapping) -> dict:
+        """What ``--mode eval`` adds to ``eval.json`` for this family (e.g. the reward
+        settings the run was trained with), beside the returns."""
+        return {}
+
+    def trains(self, spec: gym.envs.registration.EnvSpec) -> bool:
+        """Whether torchbeast can train on ``spec`` (for the list of ids): a Box
+        observation and Discrete actions, as far as the registry tells without making it."""
+        return True
+
+
+def _entry_point_families() -> list[EnvFamily]:
+    families = []
+    for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = entry_point.load()
+            family = loaded() if isinstance(loaded, type) else loaded
+        except Exception as error:  # a broken plug-in must not stop a run that does not use it
+            log.warning(
+                "Env family %r (entry point %s) could not be loaded: %s",
+                entry_point.name,
+                entry_point.value,
+                error,
+            )
+            continue
+        if not isinstance(family, EnvFamily):
+            log.warning(
+                "Entry point %s names %r, not a torchbeast.envs.family.EnvFamily; ignored",
+                entry_point.value,
+                family,
+            )
+            continue
+        families.append(family)
+    return families
+
+
+@functools.cache
+def families() -> tuple[EnvFamily, ...]:
+    """Every family, in the order they are asked: plug-ins, then the built-in ones, the
+    generic Gymnasium family last."""
+    from torchbeast.envs.atari import AtariFamily
+    from torchbeast.envs.cue import PixelCueFamily
+    from torchbeast.envs.minatar import MinAtarFamily
+
+    return (*_entry_point_families(), AtariFamily(), MinAtarFamily(), PixelCueFamily(), EnvFamily())
+
+
+def family_of(env_id: str) -> EnvFamily:
+    """The family that makes ``env_id``; EnvError for an unknown id."""
+    spec = gym_spec(env_id)
+    for family in families():
+        if family.takes(env_id, spec):
+            return family
+    raise EnvError(f"no environment family takes {env_id!r}")  # the generic one takes all
+
+
+def family_options(family: EnvFamily, flags: Mapping[str, object]) -> tuple:
+    """The family's flag values in ``flags`` (name, value), as ``EnvSettings.options``."""
+    return tuple((name, flags[name]) for name in family.flag_names if name in flags)
