@@ -148,9 +148,11 @@ def families() -> tuple[EnvFamily, ...]:
 
 
 def family_of(env_id: str) -> EnvFamily:
-    """The family that makes ``env_id``; EnvError for an unknown id."""
+    """The family that makes ``env_id``; EnvError for an unknown id. The plug-ins load
+    first, so that a package's ids are registered before the lookup."""
+    candidates = families()
     spec = gym_spec(env_id)
-    for family in families():
+    for family in candidates:
         if family.takes(env_id, spec):
             return family
     raise EnvError(f"no environment family takes {env_id!r}")  # the generic one takes all

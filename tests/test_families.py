@@ -1,0 +1,378 @@
+"""Environment families, their presets, the config file and where each setting comes from:
+parsed as the entry points parse, and real runs on real envs (a package's family among
+them, installed in the test and found through its entry point)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from tests.test_monobeast import REPO, monobeast, read_rows
+from torchbeast.config.flags import parse_flags, parse_flags_and_sources
+from torchbeast.config.parsers import make_learner_parser, make_mono_parser
+from torchbeast.config.settings import build_settings
+from torchbeast.envs import create_env
+from torchbeast.envs.family import family_of
+
+SPACE_INVADERS = "MinAtar/SpaceInvaders-v1"
+RIVERRAID = "RiverraidNoFrameskip-v4"
+
+
+def parse(*argv: str):
+    return parse_flags_and_sources(list(argv), make_mono_parser())
+
+
+@pytest.mark.parametrize(
+    "env_id, family",
+    [
+        ("PongNoFrameskip-v4", "Atari"),
+        ("ALE/Breakout-v5", "Atari"),
+        (RIVERRAID, "Atari"),
+        ("MinAtar/Breakout-v1", "MinAtar"),
+        ("torchbeast/PixelCue-v0", "PixelCue"),
+        ("CartPole-v1", "Gymnasium"),
+        ("tests.envs_for_tests:Coins-v0", "Gymnasium"),
+    ],
+)
+def test_each_id_goes_to_its_family(env_id, family):
+    assert family_of(env_id).name == family
+
+
+# --------------------------------------------------------------------------- presets
+
+
+def test_minatar_presets_apply_beneath_the_command_line_and_say_where_they_came_from():
+    flags, sources = parse("--env", SPACE_INVADERS, "--entropy_cost", "0.02")
+    assert (flags.torso, flags.learning_rate, flags.entropy_cost) == ("grid", 0.0028, 0.02)
+    assert sources["torso"] == "preset MinAtar"
+    assert sources["learning_rate"] == "preset MinAtar/SpaceInvaders-v1"
+    assert sources["entropy_cost"] == sources["env"] == "command line"
+    assert sources["batch_size"] == "default" and sources["num_actors"] == "derived"
+    # Breakout takes the family's preset, not SpaceInvaders' learning rate.
+    flags, sources = parse("--env", "MinAtar/Breakout-v1")
+    assert (flags.torso, flags.entropy_cost, flags.learning_rate) == ("grid", 0.01, 0.0007)
+    assert sources["learning_rate"] == "default"
+
+
+def test_a_preset_run_is_the_run_its_flags_by_hand_measured():
+    by_preset = build_settings(parse_flags(["--env", SPACE_INVADERS, "--xpid", "x"]))
+    by_hand = build_settings(
+        parse_flags(
+            [
+                "--env",
+                SPACE_INVADERS,
+                "--xpid",
+                "x",
+                "--no_presets",
+                "--torso",
+                "grid",
+                "--entropy_cost",
+                "0.01",
+                "--learning_rate",
+                "0.0028",
+            ]
+        )  # fmt: skip
+    )
+    assert by_preset.model == by_hand.model and by_preset.learner == by_hand.learner
+
+
+def test_no_presets_runs_the_defaults_and_the_flags_given_only():
+    flags, sources = parse("--env", SPACE_INVADERS, "--no_presets")
+    assert (flags.torso, flags.entropy_cost, flags.learning_rate) == (None, 0.001, 0.0007)
+    assert "preset" not in " ".join(sources.values())
+
+
+def test_riverraids_survival_proxy_takes_its_measured_settings_and_other_proxies_none():
+    flags, sources = parse("--env", RIVERRAID, "--fuel_multiplier", "1", "--move_penalty", "0")
+    assert (flags.unroll_length, flags.batch_size) == (80, 4)
+    assert flags.normalize_values and flags.normalize_advantages
+    assert sources["unroll_length"] == "preset Riverraid survival proxy"
+    for argv in (["--fuel_multiplier", "2"], ["--move_penalty", "1"], []):
+        flags, sources = parse("--env", RIVERRAID, *argv)
+        assert (flags.unroll_length, flags.normalize_values) == (5, False), argv
+    flags, _ = parse("--env", "PongNoFrameskip-v4")
+    assert (flags.unroll_length, flags.torso, flags.learning_rate) == (5, None, 0.0007)
+
+
+def test_an_unknown_env_gets_no_presets_and_its_one_line_error_later(tmp_path):
+    flags, sources = parse("--env", "NoSuchEnv-v0")
+    assert "preset" not in " ".join(sources.values())
+    result = monobeast(tmp_path, "--env", "NoSuchEnv-v0")
+    assert result.returncode == 1 and "NoSuchEnv-v0" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# --------------------------------------------------------------------------- config file
+
+
+def test_a_config_file_sits_above_the_presets_and_beneath_the_command_line(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('torso = "mlp"\nlearning-rate = 0.001\nuse_lstm = true\nseed = 7\n')
+    flags, sources = parse(
+        "--env", SPACE_INVADERS, "--config", str(config), "--learning_rate", "0.002"
+    )
+    assert (flags.torso, flags.learning_rate, flags.use_lstm, flags.seed) == (
+        "mlp", 0.002, True, 7,
+    )  # fmt: skip
+    assert sources["torso"] == sources["use_lstm"] == f"file {config}"
+    assert sources["learning_rate"] == "command line"
+    assert sources["entropy_cost"] == "preset MinAtar"
+    # The file may name the env, and its presets follow it.
+    config.write_text(f'env = "{SPACE_INVADERS}"\n')
+    flags, sources = parse("--config", str(config))
+    assert (flags.env, flags.learning_rate) == (SPACE_INVADERS, 0.0028)
+    config.write_text(f'env = "{SPACE_INVADERS}"\nno_presets = true\n')
+    assert parse("--config", str(config))[0].learning_rate == 0.0007
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("learning_rte = 0.1", "'learning_rte' is no flag of this command (did you mean "
+         "--learning_rate?)"),
+        ('torso = "big"', "torso = 'big': 'big' is not one of atari, resnet, grid, mlp"),
+        ("use_lstm = 1", "use_lstm = 1: a switch takes true or false"),
+        ("batch_size = -3", "batch_size = -3:"),
+        ("batch_size = [1, 2]", "a flag takes one value"),
+        ("batch_size = ", "not valid TOML"),
+    ],
+)  # fmt: skip
+def test_a_wrong_config_file_is_one_line_naming_the_file_and_the_key(tmp_path, text, fragment):
+    config = tmp_path / "run.toml"
+    config.write_text(text + "\n")
+    result = monobeast(tmp_path, "--config", str(config))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--config {config}:" in lines[0] and fragment in lines[0], lines
+    assert not (tmp_path / "latest").exists()  # nothing started
+
+
+def test_a_missing_config_file_is_one_line(tmp_path):
+    result = monobeast(tmp_path, "--config", str(tmp_path / "none.toml"))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "cannot read it" in result.stderr
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_a_mistyped_flag_is_one_line_with_the_nearest_flag(tmp_path):
+    result = monobeast(tmp_path, "--learning_rte", "0.1")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "--learning_rte" in lines[0] and "did you mean --learning_rate?" in lines[0]
+
+
+def test_flags_take_the_dashed_spelling_too():
+    flags = parse_flags(["--entropy-cost", "0.02", "--use-lstm", "--num-actors=3"])
+    assert (flags.entropy_cost, flags.use_lstm, flags.num_actors) == (0.02, True, 3)
+    # A value that looks like a flag is left alone.
+    flags = parse_flags(["--env", RIVERRAID, "--move-penalty=-1e-05"], make_learner_parser(""))
+    assert flags.move_penalty == -1e-05
+
+
+def test_help_groups_the_flags_and_says_each_default_once():
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.monobeast", "--help"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0
+    for group in ("Run:", "Model:", "Loss:", "Optimizer:", "Atari environments:"):
+        assert f"\n{group}\n" in result.stdout
+    assert "(default: None)" not in result.stdout and "(default: False)" not in result.stdout
+    xpid = result.stdout[result.stdout.index("  --xpid XPID") :].split("--seed")[0]
+    assert xpid.count("default") == 1
+
+
+def test_print_settings_lists_every_value_with_its_source_and_starts_nothing(tmp_path):
+    result = monobeast(tmp_path, "--env", SPACE_INVADERS, "--batch_size", "8", "--print_settings")
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()}
+    assert rows["--learning_rate"][1:] == ["0.0028", "preset", "MinAtar/SpaceInvaders-v1"]
+    assert rows["--batch_size"][1:] == ["8", "command", "line"]
+    assert rows["--discounting"][1:] == ["0.99", "default"]
+    assert not (tmp_path / "latest").exists()
+
+
+def test_a_run_records_the_source_of_every_flag_in_meta_json_and_logs_its_presets(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text("hidden_size = 32\n")
+    result = monobeast(
+        tmp_path, "--env", "MinAtar/Breakout-v1", "--config", str(config), "--total_steps",
+        "400", "--num_actors", "1", "--envs_per_actor", "2", "--batch_size", "2",
+        "--disable_cuda", "--xpid", "r",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    meta = json.loads((tmp_path / "r" / "meta.json").read_text())
+    assert meta["flags"]["torso"] == "grid" and meta["flags"]["hidden_size"] == 32
+    assert meta["sources"]["torso"] == "preset MinAtar"
+    assert meta["sources"]["hidden_size"] == f"file {config}"
+    assert meta["sources"]["total_steps"] == "command line"
+    assert meta["flags"].keys() == meta["sources"].keys()
+    assert (
+        "Settings from the preset MinAtar: --torso grid --entropy_cost 0.01 "
+        "(--no_presets leaves them out)." in result.stdout
+    )
+
+
+# --------------------------------------------------------------------------- plug-ins
+
+PLUGIN = '''
+import gymnasium as gym
+import numpy as np
+
+from torchbeast.envs.batched import BatchedEnv
+from torchbeast.envs.family import EnvFamily, Preset
+
+
+class Corridor(gym.Env):
+    """Walk right (action 1) to the end of a corridor of ``length`` cells: reward 1 there."""
+
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, length=4):
+        self.length = length
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (length,), np.float32)
+        self.position = 0
+
+    def _observe(self):
+        observation = np.zeros(self.length, np.float32)
+        observation[self.position] = 1.0
+        return observation
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.position = 0
+        return self._observe(), {}
+
+    def step(self, action):
+        self.position = max(0, self.position + (1 if action == 1 else -1))
+        ended = self.position == self.length - 1
+        return self._observe(), float(ended), ended, False, {}
+
+
+gym.register("Corridor-v0", entry_point=Corridor, max_episode_steps=50)
+
+
+class CorridorFamily(EnvFamily):
+    def __init__(self):
+        super().__init__(name="Corridor", summary="a test package's corridors")
+        self.flag_names = ("corridor_length",)
+
+    def takes(self, env_id, spec):
+        return spec.id == "Corridor-v0"
+
+    def add_flags(self, group):
+        group.add_argument("--corridor_length", type=int, default=4, help="Cells.")
+
+    def presets(self, env_id, given):
+        return [Preset("Corridor", {"hidden_size": 16}, "the test's own")]
+
+    def make(self, settings, num_envs, num_threads, render):
+        length = settings.option("corridor_length")
+        vector_env = gym.vector.SyncVectorEnv(
+            [lambda: gym.wrappers.TimeLimit(Corridor(length), 50)] * num_envs,
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
+        return BatchedEnv(vector_env, settings.env, track_lives=False)
+'''
+
+
+@pytest.fixture
+def plugin_path(tmp_path):
+    """A package ``corridors`` installed in ``tmp_path/site`` as pip would, with its entry
+    point; on PYTHONPATH, every process of a run finds it."""
+    site = tmp_path / "site"
+    (site / "corridors").mkdir(parents=True)
+    (site / "corridors" / "__init__.py").write_text(PLUGIN)
+    info = site / "corridors-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: corridors\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[torchbeast.env_families]\ncorridor = corridors:CorridorFamily\n"
+    )
+    return str(site)
+
+
+def run_with(plugin_path: str, module: str, *args: str, timeout: float = 180):
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([plugin_path, REPO])}
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, env=environment,
+    )  # fmt: skip
+
+
+def test_a_packages_family_registers_through_its_entry_point_and_trains(tmp_path, plugin_path):
+    result = run_with(
+        plugin_path, "torchbeast.monobeast", "--env", "Corridor-v0", "--corridor_length", "3",
+        "--savedir", str(tmp_path), "--xpid", "r", "--total_steps", "3000", "--num_actors",
+        "2", "--envs_per_actor", "2", "--batch_size", "4", "--unroll_length", "10",
+        "--disable_cuda", "--seed", "1",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    meta = json.loads((tmp_path / "r" / "meta.json").read_text())
+    assert meta["flags"]["corridor_length"] == 3 and meta["flags"]["hidden_size"] == 16
+    assert meta["sources"]["hidden_size"] == "preset Corridor"
+    rows = [row for row in read_rows(tmp_path / "r" / "logs.csv") if row["episodes"] != "0"]
+    # Three cells: the shortest walk is two steps right; no episode is shorter.
+    lengths = [float(row["mean_episode_length"]) for row in rows]
+    assert rows and min(lengths) >= 2.0
+    assert "Settings from the preset Corridor: --hidden_size 16" in result.stdout
+
+
+def test_a_packages_family_flags_have_their_own_help_group(plugin_path):
+    result = run_with(plugin_path, "torchbeast.monobeast", "--help")
+    assert result.returncode == 0
+    assert "\nCorridor environments:\n  --corridor_length" in result.stdout
+    result = run_with(plugin_path, "torchbeast.polybeast_env", "--help")
+    assert "--corridor_length" in result.stdout
+
+
+def test_a_broken_plugin_is_one_warning_and_the_rest_runs(tmp_path, plugin_path):
+    broken = os.path.join(plugin_path, "corridors-0.1.dist-info", "entry_points.txt")
+    with open(broken, "a") as f:
+        f.write("broken = corridors:NoSuchFamily\n")
+    result = run_with(
+        plugin_path, "torchbeast.monobeast", "--env", "CartPole-v1", "--print_settings"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Env family 'broken'" in result.stderr + result.stdout
+    assert "--corridor_length" in result.stdout  # the good family of the package still loads
+
+
+def test_create_env_passes_a_familys_options_to_its_envs(plugin_path):
+    code = textwrap.dedent(
+        """
+        from torchbeast.config.flags import parse_flags
+        from torchbeast.config.env import env_settings
+        from torchbeast.envs import create_env
+        flags = parse_flags(["--env", "Corridor-v0", "--corridor_length", "6"])
+        env = create_env(env_settings(flags), 2)
+        print(env.spec.observation_shape)
+        """
+    )
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([plugin_path, REPO])}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+        env=environment,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "(6,)"
+
+
+def test_builtin_families_make_their_envs_with_their_options():
+    env = create_env("MinAtar/Breakout-v1", num_envs=2)
+    try:
+        assert env.spec.observation_shape == (10, 10, 4)
+        env.reset(seed=0)
+        step = env.step(np.zeros(2, dtype=np.int64))
+        assert step["frame"].shape == (2, 10, 10, 4)
+    finally:
+        env.close()
