@@ -1,13 +1,14 @@
 """Regenerates the flag tables in README.md from the parsers: ``python -m torchbeast.docs``.
 
 The first table holds the flags of every runtime; then each runtime in the registry with
-flags of its own has its table."""
+flags of its own has its table; and the env families' presets have theirs."""
 
 from __future__ import annotations
 
 import sys
 
 from torchbeast.config.reference import markdown_reference, replace_block
+from torchbeast.envs.family import presets_table
 from torchbeast.runtime.registry import RUNTIMES, function
 
 SHARED_TABLE = "flags"
@@ -15,7 +16,7 @@ SHARED_TABLE = "flags"
 
 def readme_tables() -> dict[str, str]:
     """Each generated table's name (its README markers) -> its Markdown."""
-    tables = {SHARED_TABLE: markdown_reference()}
+    tables = {SHARED_TABLE: markdown_reference(), "presets": presets_table()}
     for runtime in RUNTIMES.values():
         if runtime.flags_table is not None:
             tables[f"{runtime.name}flags"] = function(runtime.flags_table)()

@@ -118,6 +118,15 @@ def proxy_of(settings: EnvSettings) -> riverraid.RewardProxy | None:
     return riverraid.proxy_from_flags(dict(settings.options))
 
 
+SURVIVAL = Preset(
+    "Riverraid survival proxy",
+    {"normalize_values": True, "normalize_advantages": True, "unroll_length": 80, "batch_size": 4},
+    "`--fuel_multiplier 1 --move_penalty 0`, seeds 1 and 2: the 100-game mean length from "
+    "~700 steps to 1,085-1,156 by 500K, kept to 1M (the defaults: lost again after 200K)",
+    "`--env RiverraidNoFrameskip-v4 --fuel_multiplier 1 --move_penalty 0` (survival)",
+)
+
+
 class AtariFamily(EnvFamily):
     def __init__(self):
         super().__init__(name="Atari", summary="ale-py's Atari games, DeepMind preprocessing")
@@ -165,20 +174,10 @@ class AtariFamily(EnvFamily):
         proxy = riverraid.proxy_from_flags(given)
         if proxy is None or proxy.kind != "move" or proxy.move_penalty != 0:
             return []
-        return [
-            Preset(
-                "Riverraid survival proxy",
-                {
-                    "normalize_values": True,
-                    "normalize_advantages": True,
-                    "unroll_length": 80,
-                    "batch_size": 4,
-                },
-                "--fuel_multiplier 1 --move_penalty 0, seeds 1 and 2: the 100-game mean "
-                "length from ~700 steps to 1,085-1,156 by 500K, kept to 1M (defaults: lost "
-                "again after 200K)",
-            )
-        ]
+        return [SURVIVAL]
+
+    def known_presets(self) -> list[Preset]:
+        return [SURVIVAL]
 
     def check(self, settings: EnvSettings) -> None:
         if proxy_of(settings) is not None and not riverraid.is_riverraid(gym_spec(settings.env)):

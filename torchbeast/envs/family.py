@@ -50,6 +50,7 @@ class Preset:
     scope: str
     flags: Mapping[str, object]
     measured: str = ""
+    when: str = ""  # the command lines it applies to, as the README's table says
 
 
 @dataclass
@@ -74,6 +75,10 @@ class EnvFamily:
         """The presets for ``env_id``, family-wide first, then the game's; ``given``: the
         flags set so far (defaults, a config file, the command line), for presets that
         depend on them."""
+        return []
+
+    def known_presets(self) -> list[Preset]:
+        """Every preset the family may apply, for the README's table."""
         return []
 
     def check(self, settings: EnvSettings) -> None:
@@ -158,6 +163,19 @@ def family_of(env_id: str) -> EnvFamily:
     raise EnvError(f"no environment family takes {env_id!r}")  # the generic one takes all
 
 
-def family_options(family: EnvFamily, flags: Mapping[str, object]) -> tuple:
-    """The family's flag values in ``flags`` (name, value), as ``EnvSettings.options``."""
-    return tuple((name, flags[name]) for name in family.flag_names if name in flags)
+def flag_text(name: str, value: object) -> str:
+    """``--name value`` as a command line gives it (a switch that is on: ``--name``)."""
+    return f"--{name}" if value is True else f"--{name} {value}"
+
+
+def presets_table() -> str:
+    """The README's table of every family's presets (``python -m torchbeast.docs``)."""
+    rows = [
+        "| family | applies to | settings | measured by |",
+        "|---|---|---|---|",
+    ]
+    for family in families():
+        for preset in family.known_presets():
+            flags = " ".join(f"`{flag_text(name, value)}`" for name, value in preset.flags.items())
+            rows.append(f"| {family.name} | {preset.when} | {flags} | {preset.measured} |")
+    return "\n".join(rows)

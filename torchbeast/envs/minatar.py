@@ -14,12 +14,14 @@ GRID_TORSO = Preset(
     {"torso": "grid", "entropy_cost": 0.01},
     "Breakout, seed 1: 21.1 at 5M (MLP torso: 6.2); SpaceInvaders, seeds 1-3: 138.8-165.4 "
     "at 5M (MLP: 54.8); measured on these two games, the MinAtar paper's network for all",
+    "`--env MinAtar/*`",
 )
 SPACE_INVADERS = Preset(
     "MinAtar/SpaceInvaders-v1",
     {"learning_rate": 0.0028},
     "with the MinAtar preset, seeds 1-4: 175.9, 180.5, 195.9, 156.2 at 5M "
     "(default rate: 138.8-165.4 in seeds 1-3)",
+    "`--env MinAtar/SpaceInvaders-v1`",
 )
 
 
@@ -29,6 +31,9 @@ class MinAtarFamily(EnvFamily):
 
     def takes(self, env_id: str, spec: gym.envs.registration.EnvSpec) -> bool:
         return spec.id.startswith("MinAtar/")
+
+    def known_presets(self) -> list[Preset]:
+        return [GRID_TORSO, SPACE_INVADERS]
 
     def presets(self, env_id: str, given: Mapping[str, object]) -> list[Preset]:
         game = gym.spec(env_id.rpartition(":")[2]).id

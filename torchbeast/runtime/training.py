@@ -31,6 +31,7 @@ from torchbeast.core.models import count_parameters, create_model, model_config
 from torchbeast.core.replay import Replay
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
+from torchbeast.envs.family import flag_text
 from torchbeast.runtime.checkpointing import Checkpointing
 from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.layout import limit_learner_threads
@@ -254,7 +255,7 @@ class Trainer(ProgressReporting, Checkpointing):
         log.info("Layout: %s%s.", self.actor_layout(), f" ({source})" if source else "")
         log.info("%s", self.threads_line)
         for preset, values in run.presets_applied().items():
-            given = " ".join(f"--{name} {value}" for name, value in values.items())
+            given = " ".join(flag_text(name, value) for name, value in values.items())
             log.info("Settings from the %s: %s (--no_presets leaves them out).", preset, given)
         envs.log_training_reward(self.settings.env, self.settings.learner.reward_clipping)
         if self.learner.step >= run.total_steps:
