@@ -376,3 +376,19 @@ def test_builtin_families_make_their_envs_with_their_options():
         assert step["frame"].shape == (2, 10, 10, 4)
     finally:
         env.close()
+
+
+def test_the_env_list_shows_what_each_family_can_train_and_why_not(plugin_path):
+    def listing(*args: str) -> str:
+        result = run_with(plugin_path, "torchbeast.envs", *args, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    text = listing()
+    for header in ("Atari: ", "MinAtar: ", "PixelCue: ", "Gymnasium: ", "Corridor: "):
+        assert f"\n{header}" in "\n" + text
+    assert "\n  CartPole-v1\n" in text and "\n  Corridor-v0\n" in text
+    assert "Pendulum-v1" not in text and "Humanoid" not in text
+    text = listing("Pendulum-v1", "--all")
+    assert "Pendulum-v1  (cannot train: a Box action space" in text
+    assert "Lists the environment ids" in listing("--help")

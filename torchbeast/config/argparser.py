@@ -11,11 +11,11 @@ import sys
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Adds "(default: X)" to a flag's help unless its help already says its default, or
-    the default is None or False (no value, or a switch that is off)."""
+    the default is None, False or "" (no value, or a switch that is off)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if action.default is None or action.default is False or "default" in text:
+        if action.default in (None, False, "") or "default" in text:
             return text
         return super()._get_help_string(action)
 

@@ -132,6 +132,17 @@ class AtariFamily(EnvFamily):
         super().__init__(name="Atari", summary="ale-py's Atari games, DeepMind preprocessing")
         self.flag_names = ("no_fire_on_life_loss", *riverraid.PROXY_FLAGS)
 
+    def cannot_train(self, env_id: str) -> str | None:
+        if gym_spec(env_id).kwargs.get("obs_type", "rgb") != "rgb":
+            return "RAM observations; the family trains on frames: use the id without -ram"
+        return None
+
+    def check(self, settings: EnvSettings) -> None:
+        problem = self.cannot_train(settings.env)
+        if problem is not None:
+            raise EnvError(f"{settings.env}: {problem}")
+        self.check_proxy(settings)
+
     def takes(self, env_id: str, spec: gym.envs.registration.EnvSpec) -> bool:
         return spec.entry_point == ATARI_ENTRY_POINT
 
@@ -179,7 +190,7 @@ class AtariFamily(EnvFamily):
     def known_presets(self) -> list[Preset]:
         return [SURVIVAL]
 
-    def check(self, settings: EnvSettings) -> None:
+    def check_proxy(self, settings: EnvSettings) -> None:
         if proxy_of(settings) is not None and not riverraid.is_riverraid(gym_spec(settings.env)):
             raise EnvError(
                 f"--fuel_multiplier, --move_penalty and --true_move_penalty are Riverraid's "

@@ -16,6 +16,26 @@ SUPPORTED_OBSERVATION_DTYPES = tuple(
 )
 
 
+def space_problem(observation_space: gym.Space, action_space: gym.Space) -> str | None:
+    """Why torchbeast cannot train on these spaces ("a Box action space; ..."), or None."""
+    if not isinstance(action_space, gym.spaces.Discrete):
+        return (
+            f"a {type(action_space).__name__} action space; "
+            "torchbeast supports Discrete action spaces only"
+        )
+    if not isinstance(observation_space, gym.spaces.Box):
+        return (
+            f"a {type(observation_space).__name__} observation space; "
+            "torchbeast supports Box observations only"
+        )
+    dtype = np.dtype(observation_space.dtype)
+    if dtype not in SUPPORTED_OBSERVATION_DTYPES:
+        return f"{dtype} observations; torchbeast supports " + ", ".join(
+            d.name for d in SUPPORTED_OBSERVATION_DTYPES
+        )
+    return None
+
+
 class BatchedEnv:
     """N environments stepped together, with episode bookkeeping TorchBeast-style."""
 
@@ -29,23 +49,11 @@ class BatchedEnv:
         self.env = vector_env
         self.num_envs = vector_env.num_envs
         space = vector_env.single_observation_space
-        action_space = vector_env.single_action_space
-        if not isinstance(action_space, gym.spaces.Discrete):
-            raise EnvError(
-                f"{env_id} has a {type(action_space).__name__} action space; "
-                "torchbeast supports Discrete action spaces only"
-            )
-        if not isinstance(space, gym.spaces.Box):
-            raise EnvError(
-                f"{env_id} has a {type(space).__name__} observation space; "
-                "torchbeast supports Box observations only"
-            )
+        problem = space_problem(space, vector_env.single_action_space)
+        if problem is not None:
+            raise EnvError(f"{env_id} has {problem}")
         dtype = np.dtype(space.dtype)
-        if dtype not in SUPPORTED_OBSERVATION_DTYPES:
-            raise EnvError(
-                f"{env_id} has {dtype} observations; torchbeast supports "
-                + ", ".join(d.name for d in SUPPORTED_OBSERVATION_DTYPES)
-            )
+        action_space = vector_env.single_action_space
         # float64 observations are stored and learned from as float32.
         self.cast_to = np.dtype(np.float32) if dtype == np.float64 else None
         stored = self.cast_to or dtype

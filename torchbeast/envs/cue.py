@@ -68,5 +68,8 @@ class PixelCueFamily(EnvFamily):
     def __init__(self):
         super().__init__(name="PixelCue", summary="the synthetic pixel task of the learning checks")
 
+    def cannot_train(self, env_id: str) -> str | None:
+        return None  # every id of the family trains
+
     def takes(self, env_id: str, spec: gym.envs.registration.EnvSpec) -> bool:
         return spec.id == ENV_ID

@@ -22,6 +22,7 @@ import argparse
 import functools
 import importlib.metadata
 import logging
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -110,10 +111,22 @@ class EnvFamily:
         settings the run was trained with), beside the returns."""
         return {}
 
-    def trains(self, spec: gym.envs.registration.EnvSpec) -> bool:
-        """Whether torchbeast can train on ``spec`` (for the list of ids): a Box
-        observation and Discrete actions, as far as the registry tells without making it."""
-        return True
+    def cannot_train(self, env_id: str) -> str | None:
+        """Why torchbeast cannot train on ``env_id`` (for the list of ids), or None. The
+        base class makes one env and looks at its spaces."""
+        from torchbeast.envs.batched import space_problem
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                env = gym.make(env_id)
+        except Exception as error:  # a missing dependency, a required argument, ...
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            return f"cannot be made here: {reason}"
+        try:
+            return space_problem(env.observation_space, env.action_space)
+        finally:
+            env.close()
 
 
 def _entry_point_families() -> list[EnvFamily]:

@@ -29,6 +29,9 @@ class MinAtarFamily(EnvFamily):
     def __init__(self):
         super().__init__(name="MinAtar", summary="MinAtar's grid games (pip install MinAtar)")
 
+    def cannot_train(self, env_id: str) -> str | None:
+        return None  # every id of the family trains
+
     def takes(self, env_id: str, spec: gym.envs.registration.EnvSpec) -> bool:
         return spec.id.startswith("MinAtar/")
 
