@@ -392,3 +392,26 @@ def test_the_env_list_shows_what_each_family_can_train_and_why_not(plugin_path):
     text = listing("Pendulum-v1", "--all")
     assert "Pendulum-v1  (cannot train: a Box action space" in text
     assert "Lists the environment ids" in listing("--help")
+
+
+def test_test_and_eval_take_the_env_and_model_from_the_checkpoint_not_the_presets(tmp_path):
+    trained = monobeast(
+        tmp_path, "--env", "MinAtar/Breakout-v1", "--no_presets", "--total_steps", "400",
+        "--num_actors", "1", "--envs_per_actor", "2", "--batch_size", "2", "--disable_cuda",
+        "--xpid", "r",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    # No --env: the checkpoint's. With --env: no preset (grid torso) against the MLP saved.
+    for env_flag in ([], ["--env", "MinAtar/Breakout-v1"]):
+        result = monobeast(
+            tmp_path, *env_flag, "--mode", "eval", "--xpid", "r", "--num_episodes", "2"
+        )
+        assert result.returncode == 0, result.stderr
+        report = json.loads((tmp_path / "r" / "eval.json").read_text())
+        assert report["env"] == "MinAtar/Breakout-v1" and report["num_episodes"] == 2
+        # The env's own reward: "return", not "proxy_return".
+        assert "return" in report and "proxy_return" not in report
+        assert report["episodes"][0]["return_per_step"] >= 0
+    result = monobeast(tmp_path, "--mode", "test", "--xpid", "r", "--num_episodes", "1")
+    assert result.returncode == 0, result.stderr
+    assert "Average returns over 1 episodes" in result.stdout

@@ -351,7 +351,7 @@ def test_update_readme_replaces_only_the_flag_blocks(tmp_path):
 
 
 def test_readme_has_a_flag_table_for_every_runtime_with_flags_of_its_own():
-    assert set(docs.readme_tables()) == {"flags", "monoflags", "polyflags", "rayflags"}
+    assert set(docs.readme_tables()) == {"flags", "monoflags", "polyflags", "rayflags", "presets"}
 
 
 def test_readme_flag_tables_are_in_sync_with_the_parsers():

@@ -30,20 +30,23 @@ log = logging.getLogger("torchbeast")
 
 @dataclasses.dataclass
 class Episode:
-    """One whole game; ``proxy_return`` is the reward the agent trains on (the game score
-    when no proxy is on), ``extras`` the env's episode extras by name."""
+    """One whole game; ``episode_return`` is the sum of the reward the agent trains on,
+    ``extras`` the env's episode extras by name. ``return_name``: how the figures name it,
+    "return", or "proxy_return" where the reward is not the env's own (a reward proxy)."""
 
-    proxy_return: float
+    episode_return: float
     extras: dict[str, float]
     length: int
+    return_name: str = "return"
 
     def figures(self) -> dict[str, float]:
-        """The returns and extras, then each return (a figure named ``*_return``) per step."""
-        totals = {"proxy_return": self.proxy_return, **self.extras}
+        """The returns and extras, then each return (a figure named ``return`` or
+        ``*_return``) per step."""
+        totals = {self.return_name: self.episode_return, **self.extras}
         per_step = {
             f"{name}_per_step": value / self.length
             for name, value in totals.items()
-            if name.endswith("_return")
+            if name == "return" or name.endswith("_return")
         }
         return {**totals, **per_step, "episode_length": float(self.length)}
 
@@ -93,6 +96,8 @@ def checkpoint_model_config(
 def play(settings: Settings, trained: Trained, render: bool = False) -> list[Episode]:
     """Plays ``--num_episodes`` whole games greedily with the checkpoint's model."""
     env = envs.create_env(trained.env, num_envs=1, render=render)
+    proxy = envs.reward_description(trained.env) is not None
+    return_name = "proxy_return" if proxy else "return"
     state = trained.state
     try:
         spec = env.spec
@@ -112,19 +117,20 @@ def play(settings: Settings, trained: Trained, render: bool = False) -> list[Epi
             if step["episode_end"][0]:
                 episodes.append(
                     Episode(
-                        proxy_return=float(step["episode_return"][0]),
+                        episode_return=float(step["episode_return"][0]),
                         extras={
                             name: float(step[key][0])
                             for name, key in zip(spec.episode_extras, spec.extra_keys, strict=True)
                         },
                         length=int(step["episode_step"][0]),
+                        return_name=return_name,
                     )
                 )
                 log.info(
                     "Episode %d ended after %d steps. Return: %.1f",
                     len(episodes),
                     episodes[-1].length,
-                    episodes[-1].proxy_return,
+                    episodes[-1].episode_return,
                 )
         return episodes
     finally:
@@ -135,7 +141,7 @@ def test(settings: Settings, render: bool = False) -> list[float]:
     """--mode test: plays ``num_episodes`` whole games greedily and logs their returns."""
     setup_console_logging()
     trained = load_trained(settings)
-    returns = [episode.proxy_return for episode in play(settings, trained, render)]
+    returns = [episode.episode_return for episode in play(settings, trained, render)]
     log.info("Average returns over %i episodes: %.1f", len(returns), np.mean(returns))
     return returns
 

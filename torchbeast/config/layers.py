@@ -140,9 +140,12 @@ def parse_in_layers(
     config = given.get("config") or defaults.get("config")
     file_values = read_config_file(config, parser) if config else {}
     view = {**defaults, **file_values, **given}
-    preset_values, sources = (
-        ({}, {}) if view.get("no_presets") else presets_for(view.get("env"), view, parser)
-    )
+    # Presets are for training: test and eval modes take the model from the checkpoint.
+    training = view.get("mode", "train") == "train"
+    if view.get("no_presets") or not training:
+        preset_values, sources = {}, {}
+    else:
+        preset_values, sources = presets_for(view.get("env"), view, parser)
     layered = {**preset_values, **file_values}
     saved = {dest: parser.get_default(dest) for dest in layered}
     try:
@@ -150,6 +153,9 @@ def parse_in_layers(
         flags = parser.parse_args(argv)
     finally:
         parser.set_defaults(**saved)
+    if not training and "env" not in given and "env" not in file_values:
+        flags.env = None  # the checkpoint's (evaluation.load_trained)
+        sources["env"] = "checkpoint"
     for dest in vars(flags):
         if dest in given:
             sources[dest] = COMMAND_LINE
