@@ -350,3 +350,12 @@ def test_unknown_id_names_it_and_says_how_to_list_ids(env_id):
 def test_unknown_minatar_id_says_how_to_install_minatar():
     with pytest.raises(EnvError, match="pip install MinAtar"):
         create_env("MinAtar/NoSuchGame-v1")
+
+
+def test_a_large_seed_stays_within_ales_32_bit_seeds(make_env):
+    from torchbeast.envs import worker_seed
+
+    env = make_env("PongNoFrameskip-v4", num_envs=2)
+    seed = worker_seed(999_999, worker=7, num_envs=2)  # 999_999 * 100_003 > 2**31 before
+    assert 0 <= seed and seed + 2 < 2**31
+    env.reset(seed=seed)  # ale-py refused seeds of 2**31 and more

@@ -77,7 +77,8 @@ def test_every_changed_default_is_listed_with_the_originals_value():
     # Only the listed flags (and num_buffers, derived from them) differ from the original.
     recipe, original = vars(parse("--xpid", "x")), vars(parse("--xpid", "x", *original_argv()))
     changed = {name for name in recipe if recipe[name] != original[name]}
-    derived = {"num_buffers", "layout_source"}  # from the flags above; the latter says so
+    # From the flags above (layout_source says which); the seed is drawn for each parse.
+    derived = {"num_buffers", "layout_source", "seed"}
     assert changed == set(flags.ORIGINAL_DEFAULTS) | derived
 
 
@@ -185,7 +186,6 @@ def test_switch_flag_sets_true(name):
 @pytest.mark.parametrize(
     "name, default",
     [
-        ("seed", None),
         ("num_episodes", 10),
         ("use_resnet", False),
         ("hidden_size", None),
@@ -194,6 +194,13 @@ def test_switch_flag_sets_true(name):
 )
 def test_new_flag_default(name, default):
     assert getattr(parse(), name) == default
+
+
+def test_a_training_run_without_seed_draws_one_and_test_modes_keep_none():
+    seeds = {parse("--xpid", "x").seed for _ in range(5)}
+    assert len(seeds) > 1 and all(0 <= seed < 1_000_000 for seed in seeds)
+    assert parse("--seed", "3").seed == 3
+    assert parse("--mode", "test").seed is None and parse("--mode", "eval").seed is None
 
 
 def test_new_flags_parse_their_values():
@@ -233,6 +240,7 @@ def test_original_readme_monobeast_command_line_parses():
         "--unroll_length 80 --num_buffers 60 --num_threads 4 --xpid example".split()
     )
     assert vars(parsed) == vars(parse()) | {
+        "seed": parsed.seed,  # drawn
         "num_actors": 45,
         "envs_per_actor": 1,  # naming --num_actors alone keeps the original's layout
         "layout_source": "--num_actors",
@@ -334,7 +342,7 @@ def test_markdown_reference_has_a_row_per_flag():
     table = markdown_reference()
     assert "| `--num_learner_threads` `--num_threads` | `2` | Number learner threads. |" in table
     assert "| `--mode` {train,test,test_render,eval} | `train` | Training or test mode;" in table
-    assert "| `--seed` |  | (new) Seed for envs and the model. |" in table
+    assert "| `--seed` |  | (new) Seed for envs and the model (default: drawn" in table
 
 
 def test_update_readme_replaces_only_the_flag_blocks(tmp_path):

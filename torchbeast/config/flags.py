@@ -19,6 +19,7 @@ from torchbeast.config.resolvers import (
     resolve_layout,
     resolve_num_buffers,
     resolve_run_folder,
+    resolve_seed,
 )
 from torchbeast.config.values import (
     nonnegative_float,
@@ -61,7 +62,7 @@ def make_parser(
     runtimes accept it, as the original command lines may give it, and ignore it.
     """
     parser = FlagParser(description=description)
-    resolvers: list[Resolver] = [resolve_layout, resolve_run_folder]
+    resolvers: list[Resolver] = [resolve_layout, resolve_run_folder, resolve_seed]
     parser.resolvers = resolvers  # run by parse_flags, in order; runtimes may add theirs
     if shared_memory_buffers:
         resolvers.append(resolve_num_buffers)
@@ -75,7 +76,13 @@ def make_parser(
         "statistics to eval.json.",
     )
     add("--xpid", default=None, help="Experiment id (default: torchbeast-%%Y%%m%%d-%%H%%M%%S).")
-    add("--seed", type=nonnegative_int, default=None, help="(new) Seed for envs and the model.")
+    add(
+        "--seed",
+        type=nonnegative_int,
+        default=None,
+        help="(new) Seed for envs and the model (default: drawn at random in training, and "
+        "recorded in meta.json and the log, so that a run can be repeated).",
+    )
     add(
         "--config",
         default=None,

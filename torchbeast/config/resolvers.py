@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import time
 from collections.abc import Callable
 
@@ -58,6 +59,14 @@ def resolve_run_folder(flags: argparse.Namespace, parser: argparse.ArgumentParse
             f"--xpid {xpid!r} is not a plain folder name: use letters, digits and . _ - = + only"
         )
     return dict(savedir=os.path.expanduser(os.path.expandvars(flags.savedir)), xpid=xpid)
+
+
+def resolve_seed(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """A training run without --seed draws one, so that meta.json and the log say how to
+    repeat it (test and eval modes keep None: their games differ each time, as before)."""
+    if flags.seed is None and flags.mode == "train":
+        return dict(seed=secrets.randbelow(1_000_000))
+    return {}
 
 
 def resolve_num_buffers(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:

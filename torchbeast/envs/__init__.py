@@ -42,6 +42,11 @@ __all__ = [
 ]
 
 
+# Worker seeds wrap below 2**31 - 2**20: ale-py takes 32-bit seeds, and a worker's envs
+# take the seeds after its first (--seed 30000 overflowed before).
+SEED_RANGE = 2**31 - 2**20
+
+
 def worker_seed(seed: int | None, worker: int, num_envs: int) -> int | None:
     """The seed of a worker's first environment (its other ``num_envs`` - 1 take the next
     seeds): distinct for every worker of a run and derived from ``--seed`` alone, so that
@@ -49,7 +54,7 @@ def worker_seed(seed: int | None, worker: int, num_envs: int) -> int | None:
     their restarts, env streams and their redials); None without a seed."""
     if seed is None:
         return None
-    return seed * 100_003 + worker * num_envs
+    return (seed * 100_003 + worker * num_envs) % SEED_RANGE
 
 
 def create_env(

@@ -254,6 +254,9 @@ class Trainer(ProgressReporting, Checkpointing):
         source = self.settings.actors.layout_source
         log.info("Layout: %s%s.", self.actor_layout(), f" ({source})" if source else "")
         log.info("%s", self.threads_line)
+        seed, drawn = self.settings.env.seed, dict(run.sources).get("seed") == "derived"
+        if seed is not None:
+            log.info("Seed: %d%s.", seed, f" (drawn; --seed {seed} repeats it)" if drawn else "")
         for preset, values in run.presets_applied().items():
             given = " ".join(flag_text(name, value) for name, value in values.items())
             log.info("Settings from the %s: %s (--no_presets leaves them out).", preset, given)
