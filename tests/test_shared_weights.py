@@ -11,6 +11,7 @@ from torchbeast.runtime.mono_actor import SharedWeights
 
 def filled_model(value: float) -> nn.Module:
     model = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 64))
+    model.register_buffer("policy_version", torch.zeros((), dtype=torch.int64), persistent=False)
     with torch.no_grad():
         for param in model.parameters():
             param.fill_(value)

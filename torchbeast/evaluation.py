@@ -63,13 +63,11 @@ class Trained:
 
 def load_trained(settings: Settings) -> Trained:
     """The run's checkpoint, with the env id resolved."""
-    path = os.path.join(settings.run.run_dir, "model.tar")
+    path = checkpoint.path_in(settings.run.run_dir)
     state = checkpoint.load(path)
     env = settings.env
     if env.env is None:
-        if "env" not in state:
-            raise checkpoint.CheckpointError(f"{path} is not a torchbeast checkpoint (no env)")
-        env = dataclasses.replace(env, env=state["env"])
+        env = dataclasses.replace(env, env=checkpoint.saved_env_id(state, path))
     return Trained(state, path, env)
 
 

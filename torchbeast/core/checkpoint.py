@@ -12,9 +12,23 @@ import torch
 from torchbeast.core.errors import UserError
 from torchbeast.core.spec import EnvSpec
 
+FILE_NAME = "model.tar"  # in the run's folder, savedir/xpid
+
 
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, unreadable, or belongs to another env or model."""
+
+
+def path_in(run_dir: str) -> str:
+    """The checkpoint of the run whose folder is ``run_dir``."""
+    return os.path.join(run_dir, FILE_NAME)
+
+
+def saved_env_id(state: dict, path: str) -> str:
+    """The env id a checkpoint records; one clear error for a file that has none."""
+    if "env" not in state:
+        raise CheckpointError(f"{path} is not a torchbeast checkpoint (no env)")
+    return state["env"]
 
 
 def save(path: str, state: dict) -> None:

@@ -14,24 +14,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from torchbeast.core.spec import EnvSpec
-
-NUMPY_TO_TORCH = {
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "float32": torch.float32,
-    "bool": torch.bool,
-}
+from torchbeast.core.spec import STORED_DTYPES, EnvSpec
 
 
 def torch_dtype(env_spec: EnvSpec) -> torch.dtype:
     name = env_spec.observation_dtype.name
-    if name not in NUMPY_TO_TORCH:
+    if name not in STORED_DTYPES:
         raise ValueError(f"{env_spec.env_id}: observation dtype {name} is not supported")
-    return NUMPY_TO_TORCH[name]
+    return getattr(torch, name)
 
 
 def rollout_spec(env_spec: EnvSpec, unroll_length: int) -> dict[str, tuple[tuple, torch.dtype]]:

@@ -9,6 +9,10 @@ import numpy as np
 # The rollout's own per-episode columns (episode_return, ...): no extra may take their names.
 RESERVED_EXTRA_NAMES = frozenset(("return", "step", "end"))
 MAX_EXTRA_NAME_LENGTH = 64
+# The observation dtypes a rollout stores and an env stream sends; an env's float64
+# observations are accepted and stored as float32.
+STORED_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float32", "bool")
+ACCEPTED_DTYPES = (*STORED_DTYPES, "float64")
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,10 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from torchbeast.core.spec import EnvSpec
+from torchbeast.core.spec import ACCEPTED_DTYPES, EnvSpec
 from torchbeast.envs.registry import EnvError
 
-SUPPORTED_OBSERVATION_DTYPES = tuple(
-    np.dtype(name)
-    for name in ("uint8", "int8", "int16", "int32", "int64", "float32", "float64", "bool")
-)
+SUPPORTED_OBSERVATION_DTYPES = tuple(np.dtype(name) for name in ACCEPTED_DTYPES)
 
 
 def space_problem(observation_space: gym.Space, action_space: gym.Space) -> str | None:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from torchbeast.config.settings import Settings
+from torchbeast.core import weights
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.acting import Unroller, actor_seed
 from torchbeast.runtime.mono_inference import InferenceSlots, RemotePolicy
@@ -32,25 +33,14 @@ class SharedWeights:
     """
 
     def __init__(self, model: nn.Module):
-        numel = sum(p.numel() for p in model.parameters())
-        self.flat = torch.zeros(numel).share_memory_()
+        self.flat = torch.zeros(weights.num_weights(model)).share_memory_()
         self.version = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.policy_version = torch.zeros((), dtype=torch.int64).share_memory_()
 
-    def _views(self, model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        views, offset = [], 0
-        for param in model.parameters():
-            views.append((param, self.flat[offset : offset + param.numel()].view(param.shape)))
-            offset += param.numel()
-        return views
-
     def publish(self, model: nn.Module) -> None:
         self.version += 1
-        with torch.no_grad():
-            for param, shared in self._views(model):
-                shared.copy_(param)
-            if hasattr(model, "policy_version"):
-                self.policy_version.copy_(model.policy_version)
+        weights.flatten(model, out=self.flat)
+        self.policy_version.copy_(model.policy_version)
         self.version += 1
 
     def read_into(self, model: nn.Module, known_version: int) -> int:
@@ -62,11 +52,8 @@ class SharedWeights:
             if before % 2:
                 time.sleep(0.0005)
                 continue
-            with torch.no_grad():
-                for param, shared in self._views(model):
-                    param.copy_(shared)
-                if hasattr(model, "policy_version"):
-                    model.policy_version.copy_(self.policy_version)
+            weights.load_flat(model, self.flat)
+            model.policy_version.copy_(self.policy_version)
             if int(self.version) == before:
                 return before
 

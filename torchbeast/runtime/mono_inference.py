@@ -27,6 +27,7 @@ from torch import nn
 from torchbeast.core import rollout
 from torchbeast.core.models import CoreState, create_model
 from torchbeast.core.spec import EnvSpec
+from torchbeast.core.weights import copy_weights
 
 Connection = multiprocessing.connection.Connection
 
@@ -110,10 +111,8 @@ class InferenceServer:
 
     def publish(self, model: nn.Module) -> None:
         """Copies the learner's new weights in, between two forward passes."""
-        with self.lock, torch.no_grad():
-            for target, source in zip(self.model.parameters(), model.parameters(), strict=True):
-                target.copy_(source)
-            self.model.policy_version.copy_(model.policy_version)
+        with self.lock:
+            copy_weights(self.model, model)
 
     def add(self, actor_index: int, conn: Connection) -> None:
         """Serves a (new) actor from now on."""

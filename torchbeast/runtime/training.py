@@ -24,6 +24,7 @@ from torch import nn
 
 from torchbeast import envs
 from torchbeast.config.settings import ReplaySettings, Settings
+from torchbeast.core import checkpoint
 from torchbeast.core.errors import UserError
 from torchbeast.core.filewriter import FileWriter
 from torchbeast.core.learner import Learner, NonFiniteLossError
@@ -94,7 +95,7 @@ class Trainer(ProgressReporting, Checkpointing):
             on_update=self.publish,
             episode_extras=env_spec.episode_extras,
         )
-        self.checkpoint_path = os.path.join(run.run_dir, "model.tar")
+        self.checkpoint_path = checkpoint.path_in(run.run_dir)
         self.stop_requested = threading.Event()
         self.failure: BaseException | None = None
         self.stats_lock = threading.Lock()

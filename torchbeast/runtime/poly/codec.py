@@ -12,11 +12,11 @@ import math
 
 import numpy as np
 
-from torchbeast.core.spec import EnvSpec, extra_key
+from torchbeast.core.spec import STORED_DTYPES, EnvSpec, extra_key
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 
 PROTOCOL_VERSION = 3  # 2: Steps carry the true return and move; 3: any episode extras
-DTYPES = frozenset(("uint8", "int8", "int16", "int32", "int64", "float32", "bool"))
+DTYPES = frozenset(STORED_DTYPES)
 MAX_OBSERVATION_BYTES = 32 << 20  # a Hello announcing more per step is refused
 MAX_ENVS_PER_STREAM = 1024
 # The model's size follows the spec: a Hello must not make the learner build a huge one.

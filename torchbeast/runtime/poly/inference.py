@@ -11,6 +11,7 @@ from torch import nn
 from torchbeast.config.poly import PolySettings
 from torchbeast.core.models import CoreState, create_model
 from torchbeast.core.spec import EnvSpec
+from torchbeast.core.weights import copy_weights
 from torchbeast.runtime.poly.batching import DynamicBatcher, Failed
 from torchbeast.runtime.poly.stream_limits import StreamClosed
 
@@ -23,8 +24,7 @@ class StreamInference:
     def __init__(self, model: nn.Module, config: dict, spec: EnvSpec, poly: PolySettings):
         self.device = next(model.parameters()).device
         inference_model = create_model(config, spec.observation_shape, spec.num_actions)
-        inference_model.load_state_dict(model.state_dict())
-        inference_model.policy_version.copy_(model.policy_version)  # not in state_dict
+        copy_weights(inference_model, model)
         self.model = inference_model.to(self.device)
         self.lock = threading.Lock()
         self.initial_core_state = tuple(s.cpu() for s in inference_model.initial_state(1))
@@ -41,10 +41,8 @@ class StreamInference:
 
     def publish(self, model: nn.Module) -> None:
         """Copies the learner's new weights into the inference model."""
-        with self.lock, torch.no_grad():
-            for target, source in zip(self.model.parameters(), model.parameters(), strict=True):
-                target.copy_(source)
-            self.model.policy_version.copy_(model.policy_version)
+        with self.lock:
+            copy_weights(self.model, model)
 
     def close(self) -> None:
         self.batcher.close()

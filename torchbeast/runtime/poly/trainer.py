@@ -69,13 +69,11 @@ def learner_spec(settings: Settings) -> EnvSpec | None:
     the learner was told nothing: then the first env stream decides."""
     if settings.env.env:
         return envs.env_spec(settings.env)  # an unknown --env is one error line, at start-up
-    path = os.path.join(settings.run.run_dir, "model.tar")
+    path = checkpoint.path_in(settings.run.run_dir)
     if not os.path.exists(path):
         return None
     state = checkpoint.load(path)
-    if "env" not in state:
-        raise checkpoint.CheckpointError(f"{path} is not a torchbeast checkpoint (no env)")
-    env = dataclasses.replace(settings.env, env=state["env"])
+    env = dataclasses.replace(settings.env, env=checkpoint.saved_env_id(state, path))
     log.info(
         "Resuming %s: the environment is %s, as in its checkpoint.", settings.run.xpid, env.env
     )

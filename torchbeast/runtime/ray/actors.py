@@ -13,6 +13,7 @@ from torch import nn
 
 from torchbeast.config.settings import Settings
 from torchbeast.core import rollout
+from torchbeast.core import weights as model_weights
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.acting import Unroller, actor_seed
 
@@ -51,12 +52,8 @@ class RolloutActor:
         """
         if version != self.version:
             flat = torch.from_numpy(ray.get(weights[0]).copy())  # [num_parameters] float32
-            with torch.no_grad():
-                offset = 0
-                for param in self.unroller.model.parameters():  # copy_ keeps channels_last
-                    param.copy_(flat[offset : offset + param.numel()].view(param.shape))
-                    offset += param.numel()
-                self.unroller.model.policy_version.fill_(version)
+            model_weights.load_flat(self.unroller.model, flat)
+            self.unroller.model.policy_version.fill_(version)
             self.version = version
         self.unroller.unroll(self.buffers, self.index, self.initial_core_states)
         env_time, inference_time = self.unroller.take_times()
@@ -85,7 +82,7 @@ class RayWeights:
         self.version = -1  # the learner updates behind the weights (policy_version)
 
     def publish(self, model: nn.Module) -> None:
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy()
+        flat = model_weights.flatten(model).cpu().numpy()
         ref = ray.put(flat)
         with self.lock:
             self.ref, self.version = ref, int(model.policy_version)
