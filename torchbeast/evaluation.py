@@ -15,7 +15,6 @@ import os
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from torchbeast import envs
 from torchbeast.config.settings import Settings
@@ -23,6 +22,7 @@ from torchbeast.core import checkpoint
 from torchbeast.core.models import ModelSettings, create_model, model_config
 from torchbeast.envs.family import family_of
 from torchbeast.envs.settings import EnvSettings
+from torchbeast.runtime.acting import act, as_tensors
 from torchbeast.runtime.console import setup_console_logging
 
 log = logging.getLogger("torchbeast")
@@ -104,14 +104,12 @@ def play(settings: Settings, trained: Trained, render: bool = False) -> list[Epi
         model.load_state_dict(state["model_state_dict"])
         model.eval()  # greedy actions
         episodes: list[Episode] = []
-        env_output = {k: torch.from_numpy(v) for k, v in env.reset(seed=trained.env.seed).items()}
+        env_output = as_tensors(env.reset(seed=trained.env.seed))
         core_state = model.initial_state(1)
         while len(episodes) < settings.run.num_episodes:
-            with torch.inference_mode():
-                inputs = {k: v.unsqueeze(0) for k, v in env_output.items()}
-                outputs, core_state = model(inputs, core_state)
-            step = env.step(outputs["action"][0].numpy())
-            env_output = {k: torch.from_numpy(v) for k, v in step.items()}
+            agent_output, core_state = act(model, env_output, core_state)
+            step = env.step(agent_output["action"].numpy())
+            env_output = as_tensors(step)
             if step["episode_end"][0]:
                 episodes.append(
                     Episode(

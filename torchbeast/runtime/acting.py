@@ -26,6 +26,22 @@ if TYPE_CHECKING:
 Policy = Callable[[dict[str, torch.Tensor], tuple], tuple[dict[str, torch.Tensor], tuple]]
 
 
+def act(
+    policy: Policy, env_output: dict[str, torch.Tensor], core_state: tuple
+) -> tuple[dict[str, torch.Tensor], tuple]:
+    """One batched forward pass over the E envs' last outputs ([E, ...] each): the agent's
+    outputs [E, ...] (action, logits, baseline, ...) and the next core state."""
+    with torch.inference_mode():
+        inputs = {k: v.unsqueeze(0) for k, v in env_output.items()}  # [1, E, ...]
+        outputs, core_state = policy(inputs, core_state)
+    return {k: v[0] for k, v in outputs.items()}, core_state
+
+
+def as_tensors(step: dict) -> dict[str, torch.Tensor]:
+    """An env step's numpy arrays as tensors (sharing their memory)."""
+    return {k: torch.from_numpy(v) for k, v in step.items()}
+
+
 def actor_seed(settings: Settings, actor_index: int, incarnation: int) -> int | None:
     """A distinct seed for each actor and each restart of it, derived from ``--seed``."""
     actors = settings.actors
@@ -59,7 +75,7 @@ class Unroller:
         self.model = create_model(config, env_spec.observation_shape, env_spec.num_actions)
         self.model.train()  # sample actions
         self.policy: Policy = policy or self.model
-        self.env_output = {k: torch.from_numpy(v) for k, v in self.env.reset(seed=seed).items()}
+        self.env_output = as_tensors(self.env.reset(seed=seed))
         self.agent_output = rollout.first_agent_output(num_envs, env_spec.num_actions)
         self.core_state = self.model.initial_state(num_envs)
         self.env_time = self.inference_time = 0.0
@@ -79,13 +95,9 @@ class Unroller:
 
         for t in range(1, self.unroll_length + 1):
             start = time.process_time()
-            with torch.inference_mode():
-                inputs = {k: v.unsqueeze(0) for k, v in self.env_output.items()}  # [1, E, ...]
-                outputs, self.core_state = self.policy(inputs, self.core_state)
-            self.agent_output = {k: v[0] for k, v in outputs.items()}  # [E, ...]
+            self.agent_output, self.core_state = act(self.policy, self.env_output, self.core_state)
             middle = time.process_time()
-            step = self.env.step(self.agent_output["action"].numpy())
-            self.env_output = {k: torch.from_numpy(v) for k, v in step.items()}
+            self.env_output = as_tensors(self.env.step(self.agent_output["action"].numpy()))
             self.env_time += time.process_time() - middle
             self.inference_time += middle - start
             rollout.write_step(
