@@ -14,16 +14,18 @@ from torchbeast.config.settings import Settings, build_settings
 from torchbeast.core import rollout
 from torchbeast.envs import env_spec
 from torchbeast.runtime.acting import Unroller
+from torchbeast.runtime.pool import Pool
 from torchbeast.runtime.training import Trainer, TrainingError
 
 SMALL = ["--env", "CartPole-v1", "--num_actors", "1", "--envs_per_actor", "4"]
 SMALL += ["--batch_size", "4", "--unroll_length", "10", "--seed", "1", "--num_learner_threads", "1"]
 
 
-class InProcessPool:
+class InProcessPool(Pool):
     """One actor's Unroller, stepped by the learner thread that asks for a batch."""
 
     def __init__(self, trainer: Trainer, fail_after: int | None = None):
+        super().__init__()
         settings = trainer.settings
         seed = settings.env.seed
         self.unroller = Unroller(settings, trainer.env_spec, trainer.config, seed=seed)
@@ -35,8 +37,6 @@ class InProcessPool:
             torch.zeros(batch_size, *state.shape[::2])
             for state in self.unroller.model.initial_state(1)
         )
-        self.stopping = threading.Event()
-        self.error: str | None = None
         self.lock = threading.Lock()
         self.batches = 0
         self.fail_after = fail_after

@@ -217,11 +217,10 @@ def print_result(flags: argparse.Namespace, trainer: Trainer, result: dict) -> N
         + (f", GPU {gpu:.0f}% busy" if gpu is not None else "")
         + f"; bound by: {result['bound']}"
     )
-    batcher = getattr(trainer.pool, "batcher", None)
-    if batcher is not None:
-        sizes = batcher.batch_sizes
+    sizes = trainer.pool.inference_batch_sizes()
+    if sizes:
         mean = sum(size * count for size, count in sizes.items()) / max(1, sum(sizes.values()))
-        print(f"mean inference batch: {mean:.1f} streams")
+        print(f"mean inference batch: {mean:.1f} actors or streams")
 
 
 if __name__ == "__main__":

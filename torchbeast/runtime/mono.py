@@ -29,7 +29,6 @@ import queue
 import threading
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -40,9 +39,9 @@ from torchbeast.core.models import create_model
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.mono_actor import ActorShared, SharedWeights, actor_process
 from torchbeast.runtime.mono_inference import InferenceServer, InferenceSlots
+from torchbeast.runtime.pool import Pool, actor_stage_totals
 from torchbeast.runtime.supervision import (
     RestartBudget,
-    Supervised,
     join_or_kill,
     last_line,
     signals_blocked,
@@ -57,7 +56,7 @@ ACTOR_STOP_TIMEOUT_S = 5.0
 # --------------------------------------------------------------------------- actor pool
 
 
-class ActorPool(Supervised):
+class ActorPool(Pool):
     """Starts actor processes, hands them free buffer slots, collects full ones.
 
     One dispatcher thread watches every actor's pipe; an actor that dies is replaced
@@ -286,9 +285,13 @@ class ActorPool(Supervised):
         else:
             self.shared.weights.publish(model)
 
-    def timing_totals(self) -> np.ndarray:
-        """(env, inference, all) CPU seconds and agent steps, summed over actors so far."""
-        return self.shared.timings.sum(0).numpy().copy()
+    def stage_totals(self) -> dict[str, float]:
+        """The actors' CPU seconds: stepping envs, inference (none with central inference:
+        the learner process's), and the rest."""
+        return actor_stage_totals(self.shared.timings.sum(0).numpy())
+
+    def inference_batch_sizes(self) -> dict[int, int]:
+        return {} if self.server is None else dict(self.server.batch_sizes)
 
 
 # --------------------------------------------------------------------------- training

@@ -17,7 +17,6 @@ import signal
 import threading
 import time
 from collections.abc import Hashable
-from typing import Protocol
 
 import torch
 from torch import nn
@@ -36,6 +35,7 @@ from torchbeast.envs.family import flag_text
 from torchbeast.runtime.checkpointing import Checkpointing
 from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.layout import limit_learner_threads
+from torchbeast.runtime.pool import Pool
 from torchbeast.runtime.progress import PROGRESS_INTERVAL_S, ProgressReporting
 
 log = logging.getLogger("torchbeast")
@@ -43,24 +43,6 @@ log = logging.getLogger("torchbeast")
 
 class TrainingError(UserError, RuntimeError):
     """Training cannot go on; the message names the cause."""
-
-
-class Pool(Protocol):
-    """Where rollouts come from; see the mono and poly runtimes."""
-
-    stopping: threading.Event
-    error: str | None
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def get_batch(
-        self,
-    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...], list[Hashable]] | None:
-        """B rollouts [T+1, B, ...] on the CPU, their initial core states [layers, B, H],
-        and which env stream each column came from; None when stopping."""
-        ...
 
 
 class Trainer(ProgressReporting, Checkpointing):
@@ -122,14 +104,8 @@ class Trainer(ProgressReporting, Checkpointing):
         raise NotImplementedError
 
     def stage_totals(self) -> dict[str, float]:
-        """CPU seconds so far outside the learner process, by stage, for the benchmark:
-        stepping envs, actor inference, and the rest of the actors' time."""
-        env_cpu, inference_cpu, actor_cpu, _ = self.pool.timing_totals()
-        return {
-            "env": env_cpu,
-            "inference": inference_cpu,
-            "actor other": actor_cpu - env_cpu - inference_cpu,
-        }
+        """CPU seconds so far outside the learner process, by stage, for the benchmark."""
+        return self.pool.stage_totals()
 
     def concurrent_ops(self) -> int:
         """Threads of the learner process that run ops at the same time: the updates (the
@@ -172,7 +148,7 @@ class Trainer(ProgressReporting, Checkpointing):
                     try:
                         stats = self.learner.learn(batch, core_state, num_online)
                     except NonFiniteLossError as error:
-                        if not getattr(pool, "drops_bad_batches", False):
+                        if not pool.drops_bad_batches:
                             raise
                         self.drop_batch(pool, batch, core_state, sources, error)
                         continue

@@ -35,7 +35,6 @@ from torchbeast.core.rollout import rollout_bytes
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
-from torchbeast.runtime.poly.batching import DynamicBatcher
 from torchbeast.runtime.poly.dialling import dial
 from torchbeast.runtime.poly.episodes_log import EpisodeLog
 from torchbeast.runtime.poly.inference import StreamInference
@@ -48,8 +47,9 @@ from torchbeast.runtime.poly.stream_limits import (
     StreamWatch,
 )
 from torchbeast.runtime.poly.stream_rollouts import Rollout, StreamRollouts
+from torchbeast.runtime.pool import Pool
+from torchbeast.runtime.processes import process_cpu_seconds
 from torchbeast.runtime.queues import Batch, Closed, RolloutQueue, stack_rollouts
-from torchbeast.runtime.supervision import Supervised
 from torchbeast.runtime.training import TrainingError
 
 log = logging.getLogger("torchbeast")
@@ -58,7 +58,7 @@ NO_ENVS_NOTICE_S = 5.0
 MAX_CLOSED_STREAM_NAMES = 10_000  # client ids kept for naming the sources of old rollouts
 
 
-class PolyActorPool(Supervised):
+class PolyActorPool(Pool):
     """Env streams on one side, the learner's ``get_batch`` on the other."""
 
     drops_bad_batches = True  # see Trainer.drop_batch: peers' data must not stop the run
@@ -103,10 +103,13 @@ class PolyActorPool(Supervised):
     def spec(self) -> EnvSpec | None:
         return self.run_spec.spec
 
-    @property
-    def batcher(self) -> DynamicBatcher | None:
-        """The inference batcher, once attached (the benchmark reports its batch sizes)."""
-        return None if self.inference is None else self.inference.batcher
+    def inference_batch_sizes(self) -> dict[int, int]:
+        """Streams per forward pass of the inference batcher -> passes."""
+        return {} if self.inference is None else dict(self.inference.batcher.batch_sizes)
+
+    def stage_totals(self) -> dict[str, float]:
+        """The env processes this command started: their CPU seconds (envs and gRPC)."""
+        return {"env servers": process_cpu_seconds([p.pid for p in self.env_processes])}
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -19,7 +19,6 @@ from torchbeast.core import checkpoint
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import env_side
 from torchbeast.runtime.poly.learner_end import PolyActorPool
-from torchbeast.runtime.processes import process_cpu_seconds
 from torchbeast.runtime.training import Trainer
 
 log = logging.getLogger("torchbeast")
@@ -32,11 +31,6 @@ class PolyTrainer(Trainer):
     def __init__(self, settings: Settings, pool: PolyActorPool):
         super().__init__(settings, pool.spec or pool.wait_for_spec())
         self.poly_pool = pool
-
-    def stage_totals(self) -> dict[str, float]:
-        """The env processes this command started: their CPU seconds (envs and gRPC)."""
-        pids = [process.pid for process in self.poly_pool.env_processes]
-        return {"env servers": process_cpu_seconds(pids)}
 
     def concurrent_ops(self) -> int:
         # The updates, and each inference thread beside them.

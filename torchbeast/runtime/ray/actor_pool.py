@@ -14,9 +14,10 @@ import ray
 
 from torchbeast.config.settings import Settings
 from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime.pool import Pool, actor_stage_totals
 from torchbeast.runtime.queues import Batch, Closed, RolloutQueue, stack_rollouts
 from torchbeast.runtime.ray.actors import RayWeights, RemoteRolloutActor
-from torchbeast.runtime.supervision import RestartBudget, Supervised, last_line
+from torchbeast.runtime.supervision import RestartBudget, last_line
 
 log = logging.getLogger("torchbeast")
 
@@ -24,7 +25,7 @@ TASKS_PER_ACTOR = 2  # one running, one queued: an actor never waits to be asked
 WAIT_S = 0.1
 
 
-class RayActorPool(Supervised):
+class RayActorPool(Pool):
     """Starts the Ray actors, keeps them busy, restarts dead ones, queues their rollouts."""
 
     def __init__(
@@ -175,6 +176,6 @@ class RayActorPool(Supervised):
         # One copy, out of the object store into the batch.
         return None if items is None else stack_rollouts(items)
 
-    def timing_totals(self) -> np.ndarray:
-        """(env, inference, all) CPU seconds and agent steps, summed over actors so far."""
-        return self.timings.copy()
+    def stage_totals(self) -> dict[str, float]:
+        """The Ray actors' CPU seconds: stepping envs, inference, and the rest."""
+        return actor_stage_totals(self.timings)
