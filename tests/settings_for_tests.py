@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchbeast.core.learner import LearnerSettings
-from torchbeast.core.models import ModelSettings
+from torchbeast.core.settings import LearnerSettings, ModelSettings
 
 # The defaults of the flags of the same names.
 LEARNER_DEFAULTS = dict(

@@ -11,7 +11,8 @@ from tests.settings_for_tests import learner_settings
 from torchbeast.core import checkpoint
 from torchbeast.core.checkpoint import CheckpointError
 from torchbeast.core.learner import Learner
-from torchbeast.core.models import ModelSettings, create_model, model_config
+from torchbeast.core.models import create_model, model_config
+from torchbeast.core.settings import ModelSettings
 from torchbeast.core.spec import EnvSpec
 
 OBSERVATION_SHAPE = (4,)

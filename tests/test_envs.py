@@ -10,8 +10,8 @@ import pytest
 from tests.envs_for_tests import CoinsEnv
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.parsers import make_learner_parser
-from torchbeast.config.poly import PolyEnvSettings, env_side_of
-from torchbeast.config.settings import build_settings
+from torchbeast.config.poly import PolyEnvSettings
+from torchbeast.config.settings import build_settings, env_side_of
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs import BatchedEnv, EnvError, create_env, env_spec, make_single_atari
 from torchbeast.envs.settings import EnvSettings

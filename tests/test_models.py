@@ -9,7 +9,8 @@ from torch import nn
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.settings import build_settings
 from torchbeast.core.errors import UserError
-from torchbeast.core.models import ModelSettings, count_parameters, create_model, model_config
+from torchbeast.core.models import count_parameters, create_model, model_config
+from torchbeast.core.settings import ModelSettings
 
 ATARI_SHAPE = (4, 84, 84)
 VECTOR_SHAPE = (4,)

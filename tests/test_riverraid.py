@@ -15,8 +15,7 @@ from tests.test_monobeast import REPO, assert_one_error_line, monobeast, read_ro
 from torchbeast.config.env import env_settings
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.parsers import make_learner_parser
-from torchbeast.config.poly import env_side_of
-from torchbeast.config.settings import build_settings
+from torchbeast.config.settings import build_settings, env_side_of
 from torchbeast.core.models import count_parameters, create_model
 from torchbeast.envs import BatchedEnv, EnvError, create_env, riverraid
 from torchbeast.envs.riverraid import (

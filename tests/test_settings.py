@@ -13,8 +13,8 @@ import pytest
 
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.parsers import make_env_parser, make_learner_parser
-from torchbeast.config.poly import env_side_of, poly_env_settings
-from torchbeast.config.settings import build_settings
+from torchbeast.config.poly import poly_env_settings
+from torchbeast.config.settings import build_settings, env_side_of
 from torchbeast.core import checkpoint
 from torchbeast.runtime.poly.trainer import learner_spec
 

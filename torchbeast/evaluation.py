@@ -19,7 +19,8 @@ import numpy as np
 from torchbeast import envs
 from torchbeast.config.settings import Settings
 from torchbeast.core import checkpoint
-from torchbeast.core.models import ModelSettings, create_model, model_config
+from torchbeast.core.models import create_model, model_config
+from torchbeast.core.settings import ModelSettings
 from torchbeast.envs.family import family_of
 from torchbeast.envs.settings import EnvSettings
 from torchbeast.runtime.acting import act, as_tensors

@@ -60,8 +60,8 @@ DIAGNOSTICS = {
 # Axis labels of other columns that --column may name (any other is labelled by its name).
 COLUMN_LABELS = {
     "mean_episode_length": "episode length (agent steps)",
-    "mean_episode_true_return": "true return (Riverraid)",
-    "mean_episode_true_move": "true move (Riverraid)",
+    "mean_episode_true_return": "true return (game score)",
+    "mean_episode_true_move": "true move",
 }
 
 

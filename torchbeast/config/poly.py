@@ -4,16 +4,11 @@ them, and an env process receives a :class:`PolyEnvSettings` as it is (it pickle
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from torchbeast.config.env import env_settings, from_flags
 from torchbeast.envs.settings import EnvSettings
-
-if TYPE_CHECKING:
-    from torchbeast.config.settings import Settings
 
 TOKEN_ENV_VAR = "TORCHBEAST_AUTH_TOKEN"  # where --auth_token is read from when not given
 
@@ -77,20 +72,6 @@ def poly_env_settings(flags: argparse.Namespace) -> PolyEnvSettings:
 
 def poly_settings(flags: argparse.Namespace) -> PolySettings:
     return from_flags(PolySettings, flags, network=from_flags(NetworkSettings, flags))
-
-
-def env_side_of(settings: Settings) -> PolyEnvSettings:
-    """The env processes ``polybeast`` starts for its learner: the same env, addresses,
-    TLS and token; with --serve, clients enough for --num_actors streams."""
-    poly, actors = settings.runtime, settings.actors
-    per_process = math.ceil(actors.num_actors / poly.network.num_servers) if poly.serve else 1
-    return PolyEnvSettings(
-        env=settings.env,
-        network=poly.network,
-        connect=poly.serve,
-        clients_per_process=per_process,
-        envs_per_stream=actors.envs_per_actor,
-    )
 
 
 def resolve_learner_flags(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:

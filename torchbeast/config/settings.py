@@ -6,14 +6,14 @@ PolyBeast run's env id, a test run's model) travels in the objects that need it.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from torchbeast.config.env import env_settings, from_flags
-from torchbeast.config.poly import PolySettings, poly_settings
-from torchbeast.core.learner import LearnerSettings
-from torchbeast.core.models import ModelSettings
+from torchbeast.config.poly import PolyEnvSettings, PolySettings, poly_settings
+from torchbeast.core.settings import LearnerSettings, ModelSettings
 from torchbeast.envs.settings import EnvSettings
 
 
@@ -139,3 +139,17 @@ def learner_settings(flags: argparse.Namespace) -> LearnerSettings:
 def model_settings(flags: argparse.Namespace) -> ModelSettings:
     """The model's settings: the flags of the same names."""
     return from_flags(ModelSettings, flags)
+
+
+def env_side_of(settings: Settings) -> PolyEnvSettings:
+    """The env processes ``polybeast`` starts for its learner: the same env, addresses,
+    TLS and token; with --serve, clients enough for --num_actors streams."""
+    poly, actors = settings.runtime, settings.actors
+    per_process = math.ceil(actors.num_actors / poly.network.num_servers) if poly.serve else 1
+    return PolyEnvSettings(
+        env=settings.env,
+        network=poly.network,
+        connect=poly.serve,
+        clients_per_process=per_process,
+        envs_per_stream=actors.envs_per_actor,
+    )

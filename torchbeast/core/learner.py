@@ -24,7 +24,6 @@ per-update diagnostics by ``core.diagnostics``.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 from collections.abc import Callable
@@ -36,43 +35,13 @@ from torchbeast.core.diagnostics import diagnostics, masked_mean
 from torchbeast.core.loss_terms import LossTerms, loss_terms
 from torchbeast.core.models import CoreState
 from torchbeast.core.optim import lr_lambda, make_optimizer
+from torchbeast.core.settings import LearnerSettings
 from torchbeast.core.spec import extra_key
 from torchbeast.core.value_scale import ValueScale
 
 
 class NonFiniteLossError(RuntimeError):
     """The loss or gradient became NaN or infinite; the update was not applied."""
-
-
-@dataclasses.dataclass(frozen=True)
-class LearnerSettings:
-    """What the learner step needs, built once from the flags at the edge
-    (``torchbeast.config.settings``); the fields are the flags of the same names."""
-
-    # The loss.
-    discounting: float
-    reward_clipping: str  # "abs_one" or "none"
-    baseline_cost: float
-    entropy_cost: float
-    normalize_advantages: bool
-    normalize_values: bool  # the baseline learns targets / their running RMS (at least 1)
-    epochs: int  # gradient steps on each batch
-    ppo_clip: float  # > 0: PPO's clipped surrogate on pi/mu instead of the policy gradient
-    # LASER: replayed states further than this KL from the current policy are left out.
-    replay_size: int  # > 0: the batches carry replayed columns
-    trust_region_threshold: float
-    # The optimizer, and its learning rate's linear decay to 0 at total_steps.
-    optimizer: str  # "rmsprop" or "adam"
-    learning_rate: float
-    alpha: float
-    momentum: float
-    epsilon: float
-    rmsprop_init: float  # RMSprop's mean square starts here (TensorFlow's: 1; PyTorch's: 0)
-    adam_epsilon: float
-    grad_norm_clipping: float
-    total_steps: int
-    batch_size: int
-    unroll_length: int
 
 
 class UndoBuffer:

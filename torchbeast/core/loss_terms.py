@@ -16,7 +16,7 @@ from torchbeast.core.models import CoreState
 from torchbeast.core.value_scale import ValueScale
 
 if TYPE_CHECKING:
-    from torchbeast.core.learner import LearnerSettings
+    from torchbeast.core.settings import LearnerSettings
 
 # What the model reads of a batch.
 MODEL_INPUTS = ("frame", "reward", "done", "last_action")

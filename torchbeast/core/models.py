@@ -19,7 +19,6 @@ mode and greedy (argmax) in eval mode.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchbeast.core.errors import UserError
+from torchbeast.core.settings import ModelSettings
 
 CoreState = tuple[torch.Tensor, ...]
 
@@ -231,19 +231,6 @@ def check_torso(kind: str, observation_shape: Sequence[int]) -> None:
             f"--torso grid reads [H, W, C] grids of at least 3x3, not observations of "
             f"shape {shape}: leave out --torso or use --torso mlp"
         )
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSettings:
-    """The model flags of the same names, built once at the edge (``torchbeast.config.settings``);
-    None: the default for the observations."""
-
-    torso: str | None = None
-    use_resnet: bool = False
-    hidden_size: int | None = None
-    num_layers: int | None = None
-    use_lstm: bool = False
-    weight_init: str = "orthogonal"  # how a new model's weights start (create_model)
 
 
 def model_config(settings: ModelSettings, observation_shape: Sequence[int]) -> dict:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from torchbeast.core.learner import LearnerSettings
+    from torchbeast.core.settings import LearnerSettings
 
 
 def lr_lambda(settings: LearnerSettings) -> Callable[[int], float]:

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 
 import gymnasium as gym
 
+import torchbeast.envs.riverraid as riverraid
 from torchbeast.config.values import finite_float
-from torchbeast.envs import riverraid
 from torchbeast.envs.batched import BatchedEnv
 from torchbeast.envs.family import EnvFamily, Preset
 from torchbeast.envs.registry import EnvError, gym_spec

@@ -6,31 +6,27 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
-from typing import TYPE_CHECKING
 
 import grpc
 
-from torchbeast.runtime.poly import codec, network
+from torchbeast.runtime.poly import codec
 from torchbeast.runtime.poly import polybeast_pb2 as pb
+from torchbeast.runtime.poly.env_streams import EnvStreams
 from torchbeast.runtime.poly.run_spec import SpecMismatch
 from torchbeast.runtime.poly.stream_limits import OverBudget
 from torchbeast.runtime.queues import Closed
-
-if TYPE_CHECKING:
-    from torchbeast.runtime.poly.learner_end import PolyActorPool
 
 log = logging.getLogger("torchbeast")
 
 MAX_BACKOFF_S = 5.0
 
 
-def dial(pool: PolyActorPool, address: str) -> None:
-    """Keeps one of ``pool``'s streams open to the env server at ``address``."""
+def dial(
+    pool: EnvStreams, address: str, channel: grpc.Channel, metadata: tuple[tuple[str, str], ...]
+) -> None:
+    """Keeps one of ``pool``'s streams open to the env server at ``address``, over
+    ``channel`` (the pool's to close), sending ``metadata`` with each call (the token)."""
     backoff = 0.1
-    metadata = network.call_metadata(pool.poly.network)
-    channel = network.create_channel(pool.poly.network, address)
-    with pool.lock:
-        pool.channels.append(channel)
     stream_env = channel.stream_stream(
         "/torchbeast.polybeast.EnvServer/StreamEnv",
         request_serializer=pb.Action.SerializeToString,

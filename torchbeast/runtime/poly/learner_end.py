@@ -140,10 +140,16 @@ class PolyActorPool(Pool):
             )
         else:
             addresses = poly.network.server_addresses()
+            metadata = network.call_metadata(poly.network)
             for index in range(self.num_actors):
                 address = addresses[index % len(addresses)]
+                channel = network.create_channel(poly.network, address)
+                self.channels.append(channel)
                 thread = threading.Thread(
-                    target=dial, args=(self, address), name=f"dial-{index}", daemon=True
+                    target=dial,
+                    args=(self, address, channel, metadata),
+                    name=f"dial-{index}",
+                    daemon=True,
                 )
                 self.threads.append(thread)
                 thread.start()

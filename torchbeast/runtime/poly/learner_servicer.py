@@ -6,19 +6,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import grpc
 
 from torchbeast.runtime.poly import codec
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
+from torchbeast.runtime.poly.env_streams import EnvStreams
 from torchbeast.runtime.poly.run_spec import SpecMismatch
 from torchbeast.runtime.poly.stream_limits import OverBudget, StreamClosed
 from torchbeast.runtime.queues import Closed
-
-if TYPE_CHECKING:
-    from torchbeast.runtime.poly.learner_end import PolyActorPool
 
 log = logging.getLogger("torchbeast")
 
@@ -54,7 +51,7 @@ class RateLimitedLog:
 class LearnerServicer(pb_grpc.LearnerServicer):
     """Inverted mode: env clients dial the learner."""
 
-    def __init__(self, pool: PolyActorPool):
+    def __init__(self, pool: EnvStreams):
         self.pool = pool
         self.refusals = RateLimitedLog()
 

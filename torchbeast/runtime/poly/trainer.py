@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from torch import nn
 
 from torchbeast import envs
-from torchbeast.config.poly import env_side_of
-from torchbeast.config.settings import RunSettings, Settings
+from torchbeast.config.settings import RunSettings, Settings, env_side_of
 from torchbeast.core import checkpoint
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import env_side

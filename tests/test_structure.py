@@ -1,0 +1,91 @@
+"""The shape the design asks of the package, checked on its source: no import circles,
+a torch-free edge, and generic layers that reach env families only through their registry."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "torchbeast"
+FAMILY_MODULES = {"torchbeast.envs.atari", "torchbeast.envs.minatar", "torchbeast.envs.cue",
+                  "torchbeast.envs.riverraid"}  # fmt: skip
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {
+        module_name(path): path
+        for path in PACKAGE.rglob("*.py")
+        if not path.name.endswith(("_pb2.py", "_pb2_grpc.py"))
+    }
+
+
+def imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """The package's modules that ``path`` imports at module level, TYPE_CHECKING included
+    (a circle of type hints is still a circle of meaning); a function's own imports aside."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for child in ast.walk(node):
+            if isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and not child.level:
+                names = {f"{child.module}.{alias.name}" for alias in child.names}
+                submodules = names & known.keys()
+                found.update(submodules or {child.module})
+    return {name for name in found if name in known}
+
+
+def test_no_module_of_the_package_imports_itself_in_a_circle():
+    known = modules()
+    graph = {name: imports(path, known) - {name} for name, path in known.items()}
+    circles = []
+
+    def visit(name: str, trail: list[str], done: set[str]) -> None:
+        for target in graph[name]:
+            if target in trail:
+                circles.append(trail[trail.index(target) :] + [target])
+            elif target not in done:
+                visit(target, [*trail, target], done)
+        done.add(name)
+
+    done: set[str] = set()
+    for name in sorted(graph):
+        if name not in done:
+            visit(name, [name], done)
+    assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_generic_layers_reach_env_families_only_through_the_registry():
+    known = modules()
+    for name, path in known.items():
+        if name.startswith("torchbeast.envs"):
+            continue
+        reached = imports(path, known) & FAMILY_MODULES
+        assert not reached, f"{name} imports {sorted(reached)}: go through envs.family"
+
+
+def test_the_edge_builds_settings_without_torch():
+    code = (
+        "import sys; import torchbeast.config.settings, torchbeast.config.flags, "
+        "torchbeast.config.parsers; print('torch' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_every_runtimes_pool_is_a_pool():
+    from torchbeast.runtime.mono import ActorPool
+    from torchbeast.runtime.poly.learner_end import PolyActorPool
+    from torchbeast.runtime.pool import Pool
+    from torchbeast.runtime.ray.actor_pool import RayActorPool
+
+    assert all(issubclass(pool, Pool) for pool in (ActorPool, PolyActorPool, RayActorPool))
