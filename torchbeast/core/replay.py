@@ -133,6 +133,26 @@ class Replay:
             indices = torch.randint(len(self._segments), (count,), generator=generator)
             return self._columns([self._segments[index] for index in indices.tolist()])
 
+    def mix_into(
+        self, batch: dict[str, torch.Tensor], core_state: tuple[torch.Tensor, ...], ratio: int
+    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
+        """An online batch [T+1, B, ...] with B * ``ratio`` replayed rollouts appended after
+        its B columns (and a "mask"), as ``Learner.learn`` takes it; the batch as it is
+        before learn_start."""
+        num_online = batch["reward"].shape[1]
+        replayed = self.sample(num_online * ratio)
+        if replayed is None:  # fewer than learn_start transitions so far
+            return batch, core_state
+        replayed_batch, replayed_core_state = replayed
+        if "mask" not in batch:
+            batch = batch | {"mask": torch.ones(batch["reward"].shape, dtype=torch.bool)}
+        batch = {key: torch.cat([batch[key], replayed_batch[key]], dim=1) for key in batch}
+        core_state = tuple(
+            torch.cat([online, old], dim=1)
+            for online, old in zip(core_state, replayed_core_state, strict=True)
+        )
+        return batch, core_state
+
     def contents(self) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]] | None:
         """Every stored segment as a column, oldest first (for inspection), or None if empty."""
         with self._lock:

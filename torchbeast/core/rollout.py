@@ -112,6 +112,20 @@ def write_step(
         buffers[key][where] = agent_output[key]
 
 
+def ended_episodes(
+    batch: Mapping[str, torch.Tensor], extra_keys: Sequence[str]
+) -> tuple[list[float], list[tuple[float, ...]]]:
+    """The return and extras (``extra_keys``' values) of each episode that ended in the
+    batch's real steps ([T+1, B], step 0 being the previous rollout's last): the episodes
+    the learner's ``mean_episode_*`` figures average. An env without extras: []."""
+    ended = batch["episode_end"][1:]
+    if "mask" in batch:
+        ended = ended & batch["mask"][1:]
+    returns = batch["episode_return"][1:][ended].tolist()
+    extras = list(zip(*(batch[key][1:][ended].tolist() for key in extra_keys), strict=True))
+    return returns, extras  # no extras: []
+
+
 def _join(values: Sequence[Array], dim: int, stack: bool) -> torch.Tensor:
     """``values`` stacked (or concatenated) along ``dim`` in one copy: numpy arrays by numpy,
     then wrapped as they are; tensors by torch."""

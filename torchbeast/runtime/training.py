@@ -23,7 +23,7 @@ from torch import nn
 
 from torchbeast import envs
 from torchbeast.config.settings import ReplaySettings, Settings
-from torchbeast.core import checkpoint
+from torchbeast.core import checkpoint, rollout
 from torchbeast.core.errors import UserError
 from torchbeast.core.filewriter import FileWriter
 from torchbeast.core.learner import Learner, NonFiniteLossError
@@ -129,17 +129,13 @@ class Trainer(ProgressReporting, Checkpointing):
                     batch, core_state, sources = got
                     if self.replay is not None:
                         self.replay.add(batch, core_state, sources)
-                episode_end = batch["episode_end"][1:]
-                if "mask" in batch:
-                    episode_end = episode_end & batch["mask"][1:]
-                episode_returns = batch["episode_return"][1:][episode_end]
-                episode_extras = zip(
-                    *(batch[key][1:][episode_end].tolist() for key in self.env_spec.extra_keys),
-                    strict=True,
+                episode_returns, episode_extras = rollout.ended_episodes(
+                    batch, self.env_spec.extra_keys
                 )
                 num_online = batch["reward"].shape[1]
                 if self.replay is not None:
-                    batch, core_state = self.add_replayed(batch, core_state)
+                    ratio = self.settings.replay.replay_ratio
+                    batch, core_state = self.replay.mix_into(batch, core_state, ratio)
                 batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
                 core_state = tuple(s.to(self.device) for s in core_state)
                 # Updates are serialised anyway; logging inside keeps logs.csv in step order.
@@ -152,7 +148,7 @@ class Trainer(ProgressReporting, Checkpointing):
                             raise
                         self.drop_batch(pool, batch, core_state, sources, error)
                         continue
-                    self.record_returns(episode_returns.tolist())
+                    self.record_returns(episode_returns)
                     self.recent_extras.extend(episode_extras)
                     self.last_stats = stats
                     writer.log(stats)
@@ -190,25 +186,6 @@ class Trainer(ProgressReporting, Checkpointing):
                 log.warning("Closed the streams of %s.", ", ".join(closed))
             if self.replay is not None:
                 self.replay.forget({sources[column] for column in culprits})
-
-    def add_replayed(
-        self, batch: dict[str, torch.Tensor], core_state: tuple[torch.Tensor, ...]
-    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
-        """Appends B * replay_ratio replayed rollouts after the B online ones."""
-        assert self.replay is not None
-        num_online = batch["reward"].shape[1]
-        replayed = self.replay.sample(num_online * self.settings.replay.replay_ratio)
-        if replayed is None:  # fewer than --learn_start transitions so far
-            return batch, core_state
-        replayed_batch, replayed_core_state = replayed
-        if "mask" not in batch:
-            batch = batch | {"mask": torch.ones(batch["reward"].shape, dtype=torch.bool)}
-        batch = {key: torch.cat([batch[key], replayed_batch[key]], dim=1) for key in batch}
-        core_state = tuple(
-            torch.cat([online, old], dim=1)
-            for online, old in zip(core_state, replayed_core_state, strict=True)
-        )
-        return batch, core_state
 
     def train(self) -> dict:
         run = self.run
