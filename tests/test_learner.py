@@ -511,7 +511,7 @@ def test_policy_kl_is_the_kl_of_the_target_from_the_behaviour_policy():
 
 
 def test_replayed_states_beyond_the_trust_region_add_nothing():
-    case = make_setup(**UNCLIPPED, replay_size=1000)
+    case = make_setup(**UNCLIPPED, replays=True)
     online = make_batch(0)
     replayed = with_behaviour_logits(case, make_batch(1), range(B), moved_steps=range(T))
     mixed = {name: torch.cat([online[name], replayed[name]], dim=1) for name in online}
@@ -528,7 +528,7 @@ def test_replayed_states_beyond_the_trust_region_add_nothing():
 
 
 def test_trusted_replayed_states_add_policy_and_baseline_losses_but_no_entropy():
-    case = make_setup(**UNCLIPPED, replay_size=1000)
+    case = make_setup(**UNCLIPPED, replays=True)
     online = make_batch(0)
     replayed = with_behaviour_logits(case, make_batch(1), range(B))
     mixed = {name: torch.cat([online[name], replayed[name]], dim=1) for name in online}
@@ -545,7 +545,7 @@ def test_trusted_replayed_states_add_policy_and_baseline_losses_but_no_entropy()
 
 
 def test_trust_region_cuts_exactly_the_states_beyond_the_threshold():
-    case = make_setup(replay_size=1000)
+    case = make_setup(replays=True)
     moved = (1, 3)
     replayed = with_behaviour_logits(case, make_batch(1), range(B), moved_steps=moved)
     stats, _ = learn_mixed(case, replayed, num_online=1)  # columns 1 and 2 replayed
@@ -555,7 +555,7 @@ def test_trust_region_cuts_exactly_the_states_beyond_the_threshold():
 def test_a_cut_state_is_cut_from_the_vtrace_traces_like_a_masked_step():
     # A replayed column with step 2 beyond the trust region learns exactly like the same
     # column with step 2 masked out: no loss term there, and no trace through it.
-    case = make_setup(**UNCLIPPED, replay_size=1000)
+    case = make_setup(**UNCLIPPED, replays=True)
     replayed = with_behaviour_logits(case, make_batch(1), range(B), moved_steps=(2,))
     online_stats, _ = learn_mixed(case, replayed, num_online=B)
     mask = torch.ones(T + 1, B, dtype=torch.bool)
@@ -568,7 +568,7 @@ def test_a_cut_state_is_cut_from_the_vtrace_traces_like_a_masked_step():
         assert cut_stats[name] == pytest.approx(masked_stats[name], rel=1e-5), name
     # Entropy differs by design (replayed columns have none), so compare gradients of
     # the policy and baseline terms only through a run without entropy cost.
-    case = make_setup(**UNCLIPPED, replay_size=1000, entropy_cost=0.0)
+    case = make_setup(**UNCLIPPED, replays=True, entropy_cost=0.0)
     _, cut_grads = learn_mixed(case, replayed, num_online=1)
     _, masked_grads = learn_mixed(case, masked, num_online=B)
     for cut_grad, masked_grad in zip(cut_grads, masked_grads, strict=True):
@@ -576,7 +576,7 @@ def test_a_cut_state_is_cut_from_the_vtrace_traces_like_a_masked_step():
 
 
 def test_steps_and_episodes_count_online_columns_only():
-    case = make_setup(replay_size=1000)
+    case = make_setup(replays=True)
     batch = make_batch(0)
     batch["episode_end"][:] = False
     batch["episode_end"][2, 0] = batch["episode_end"][3, 2] = True

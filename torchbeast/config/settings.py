@@ -63,7 +63,7 @@ class ReplaySettings:
     replay_size: int
     replay_ratio: int
     learn_start: int
-    trust_region_threshold: float
+    # (--trust_region_threshold is the learner's: LearnerSettings.)
 
 
 @dataclass(frozen=True)
@@ -132,8 +132,8 @@ def build_settings(
 
 
 def learner_settings(flags: argparse.Namespace) -> LearnerSettings:
-    """The learner's settings: the flags of the same names."""
-    return from_flags(LearnerSettings, flags)
+    """The learner's settings: the flags of the same names, and whether LASER's replay is on."""
+    return from_flags(LearnerSettings, flags, replays=flags.replay_size > 0)
 
 
 def model_settings(flags: argparse.Namespace) -> ModelSettings:

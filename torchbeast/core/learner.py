@@ -272,7 +272,7 @@ class Learner:
         for name in self.episode_extras:
             key = extra_key(name)
             figures[f"mean_{key}"] = masked_mean(batch[key], ended)
-        if self.settings.replay_size > 0:
+        if self.settings.replays:
             figures["trusted_fraction"] = torch.as_tensor(terms.trusted_fraction, device=device)
         # One wait for the device for every figure: stacked where they are, read at once.
         stacked = torch.stack([figure.to(device, torch.float64) for figure in figures.values()])
@@ -295,7 +295,7 @@ class Learner:
             stats[key] = value
         if self.value_scale.enabled:
             stats["value_scale"] = self.value_scale.scale
-        if self.settings.replay_size > 0:
+        if self.settings.replays:
             stats["replayed_columns"] = batch["reward"].shape[1] - terms.num_online
             stats["trusted_fraction"] = stats.pop("trusted_fraction")
         return stats

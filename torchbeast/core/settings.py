@@ -35,7 +35,7 @@ class LearnerSettings:
     epochs: int  # gradient steps on each batch
     ppo_clip: float  # > 0: PPO's clipped surrogate on pi/mu instead of the policy gradient
     # LASER: replayed states further than this KL from the current policy are left out.
-    replay_size: int  # > 0: the batches carry replayed columns
+    replays: bool  # the batches carry replayed columns (--replay_size > 0)
     trust_region_threshold: float
     # The optimizer, and its learning rate's linear decay to 0 at total_steps.
     optimizer: str  # "rmsprop" or "adam"
