@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "torchbeast"
 FAMILY_MODULES = {"torchbeast.envs.atari", "torchbeast.envs.minatar", "torchbeast.envs.cue",
                   "torchbeast.envs.riverraid"}  # fmt: skip
@@ -89,3 +91,38 @@ def test_every_runtimes_pool_is_a_pool():
     from torchbeast.runtime.ray.actor_pool import RayActorPool
 
     assert all(issubclass(pool, Pool) for pool in (ActorPool, PolyActorPool, RayActorPool))
+
+
+# A runtime of the test's own: its flags and settings, and one registry entry.
+
+
+def add_fake_flags(parser):
+    parser.add_argument_group("FakeBeast").add_argument("--fake_workers", type=int, default=3)
+
+
+def fake_settings(flags):
+    return ("fake", flags.fake_workers)
+
+
+def test_a_new_runtime_is_its_functions_and_one_registry_entry(monkeypatch):
+    from torchbeast import docs
+    from torchbeast.config.flags import parse_flags
+    from torchbeast.config.parsers import make_bench_parser, make_runtime_parser
+    from torchbeast.config.settings import build_settings
+    from torchbeast.runtime import registry
+
+    fake = registry.Runtime(
+        "fake", "FakeBeast", "tests.test_structure", "FakeBeast: a test's runtime.",
+        add_flags="tests.test_structure:add_fake_flags",
+        settings="tests.test_structure:fake_settings",
+    )  # fmt: skip
+    monkeypatch.setitem(registry.RUNTIMES, "fake", fake)
+    parser = make_runtime_parser("fake")
+    flags = parse_flags(["--fake_workers", "5", "--xpid", "x"], parser)
+    assert build_settings(flags, "fake").runtime == ("fake", 5)
+    assert "FakeBeast, besides" in docs.readme_tables()["fakeflags"]
+    assert "`--fake_workers`" in docs.readme_tables()["fakeflags"]
+    bench = make_bench_parser(list(registry.RUNTIMES))
+    with pytest.raises(SystemExit):  # another runtime's own flag is refused
+        parse_flags(["--runtime", "mono", "--fake_workers", "4"], bench)
+    assert parse_flags(["--runtime", "fake", "--fake_workers", "4"], bench).fake_workers == 4

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from torchbeast.config.reference import markdown_reference, replace_block
+from torchbeast.config.reference import markdown_reference, replace_block, runtime_reference
 from torchbeast.envs.family import presets_table
 from torchbeast.runtime.registry import RUNTIMES, function
 
@@ -20,6 +20,8 @@ def readme_tables() -> dict[str, str]:
     for runtime in RUNTIMES.values():
         if runtime.flags_table is not None:
             tables[f"{runtime.name}flags"] = function(runtime.flags_table)()
+        elif runtime.add_flags is not None:
+            tables[f"{runtime.name}flags"] = runtime_reference(runtime.name)
     return tables
 
 

@@ -1,5 +1,6 @@
-"""Every entry point's parser, built from the flag groups (``flags``: those of every
-runtime; ``poly_flags``: PolyBeast's; here: RayBeast's and the benchmark's)."""
+"""Every entry point's parser, built from the flag groups: ``flags``' (those of every
+runtime) and each runtime's own, which its registry entry names (``runtime.registry``);
+and the benchmark's, which takes every runtime's."""
 
 from __future__ import annotations
 
@@ -7,42 +8,46 @@ import argparse
 
 from torchbeast.config.argparser import FlagParser
 from torchbeast.config.flags import make_parser
-from torchbeast.config.poly import resolve_learner_flags
-from torchbeast.config.poly_flags import add_env_flags, add_learner_flags
+from torchbeast.config.poly_flags import add_env_flags
 from torchbeast.config.resolvers import resolve_num_buffers
 from torchbeast.config.values import nonnegative_int, positive_int
+from torchbeast.runtime.registry import RUNTIMES, function
 
 
-def add_mono_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--central_inference",
-        action="store_true",
-        help="(new) MonoBeast: actors only step their environments; one thread of the "
-        "learner process runs one batched forward pass for every actor waiting, on the "
-        "learner's device (the GPU where there is one), as SEED RL and Sample Factory do.",
+def add_runtime_flags(parser: argparse.ArgumentParser, runtime: str) -> None:
+    """The flags (and resolvers) of ``runtime``'s own, as its registry entry adds them."""
+    add_flags = RUNTIMES[runtime].add_flags
+    if add_flags is not None:
+        function(add_flags)(parser)
+
+
+def make_runtime_parser(runtime: str, description: str | None = None) -> argparse.ArgumentParser:
+    """The parser of a runtime's entry point: every runtime's flags, then its own."""
+    entry = RUNTIMES[runtime]
+    parser = make_parser(
+        description or entry.description, shared_memory_buffers=entry.shared_memory_buffers
     )
+    add_runtime_flags(parser, runtime)
+    return parser
 
 
 def make_mono_parser() -> argparse.ArgumentParser:
-    parser = make_parser("MonoBeast: IMPALA on one machine, actors in processes.")
-    add_mono_flags(parser)
-    return parser
+    return make_runtime_parser("mono")
 
 
-def make_learner_parser(
-    description: str = "PolyBeast learner: IMPALA with environments as gRPC peers.",
-) -> argparse.ArgumentParser:
-    """``polybeast_learner``'s parser; ``polybeast`` and the benchmark start from it."""
-    parser = make_parser(description, shared_memory_buffers=False)
-    add_learner_flags(parser)
-    parser.resolvers.append(resolve_learner_flags)
-    return parser
+def make_learner_parser(description: str | None = None) -> argparse.ArgumentParser:
+    """``polybeast_learner``'s parser."""
+    return make_runtime_parser("poly", description)
 
 
 def make_poly_parser() -> argparse.ArgumentParser:
     parser = make_learner_parser("PolyBeast: env servers and learner in one command.")
     parser.set_defaults(env="PongNoFrameskip-v4")
     return parser
+
+
+def make_ray_parser() -> argparse.ArgumentParser:
+    return make_runtime_parser("ray")
 
 
 def make_env_parser() -> argparse.ArgumentParser:
@@ -52,29 +57,20 @@ def make_env_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def add_ray_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--ray_address",
-        default=None,
-        metavar="ADDRESS",
-        help="(new) A running Ray cluster to join: host:port of its head, or auto "
-        "(default: start a local Ray instance bound to 127.0.0.1, stopped at the end).",
-    )
-
-
-def make_ray_parser() -> argparse.ArgumentParser:
-    parser = make_parser(
-        "RayBeast: IMPALA with Ray actors, on one machine or a Ray cluster.",
-        shared_memory_buffers=False,
-    )
-    add_ray_flags(parser)
-    return parser
-
-
 def make_bench_parser(runtimes: list[str]) -> argparse.ArgumentParser:
     """The benchmark's: every runtime's flags, ``--runtime`` one of ``runtimes``, and the
     measurement window."""
-    parser = make_learner_parser("Benchmark a runtime: steady-state SPS and per-stage CPU costs.")
+    parser = make_parser(
+        "Benchmark a runtime: steady-state SPS and per-stage CPU costs.",
+        shared_memory_buffers=False,
+    )
+    owners: dict[str, str] = {}  # a runtime's own flag -> the runtime
+    for runtime in runtimes:
+        before = {action.dest for action in parser._actions}
+        add_runtime_flags(parser, runtime)
+        owners.update(
+            (action.dest, runtime) for action in parser._actions if action.dest not in before
+        )
     # The data path's figure, comparable with the original MonoBeast's: its batch shape and
     # one gradient step per batch (the training defaults take two).
     parser.set_defaults(
@@ -87,26 +83,30 @@ def make_bench_parser(runtimes: list[str]) -> argparse.ArgumentParser:
         envs_per_actor=8,
         total_steps=10**12,
     )
-    add_ray_flags(parser)
-    add_mono_flags(parser)
     parser.add_argument("--runtime", default="mono", choices=runtimes)
     parser.add_argument("--warmup_steps", type=nonnegative_int, default=20_000)
     parser.add_argument("--bench_steps", type=positive_int, default=60_000)
     parser.add_argument(
         "--json", default=None, metavar="FILE", help="Also write the figures to FILE as JSON."
     )
-    parser.resolvers.append(resolve_num_buffers_of_mono)
+
+    def refuse_other_runtimes_flags(flags: argparse.Namespace, parser) -> dict:
+        """Another runtime's own flag, given, is refused (before any is derived)."""
+        for dest, owner in owners.items():
+            if owner != flags.runtime and getattr(flags, dest) != parser.get_default(dest):
+                title = RUNTIMES[owner].title
+                parser.error(
+                    f"--{dest} is {title}'s, not --runtime {flags.runtime}'s: leave it out, "
+                    f"or use --runtime {owner}"
+                )
+        return {}
+
+    def resolve_num_buffers_where_kept(flags: argparse.Namespace, parser) -> dict:
+        """--num_buffers, where the runtime keeps shared-memory buffers."""
+        if RUNTIMES[flags.runtime].shared_memory_buffers:
+            return resolve_num_buffers(flags, parser)
+        return {}
+
+    parser.resolvers.insert(0, refuse_other_runtimes_flags)
+    parser.resolvers.append(resolve_num_buffers_where_kept)
     return parser
-
-
-def resolve_num_buffers_of_mono(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
-    """--num_buffers, for the one runtime with shared-memory buffers; --central_inference,
-    for the one runtime whose actors could run their own."""
-    if flags.runtime == "mono":
-        return resolve_num_buffers(flags, parser)
-    if flags.central_inference:
-        parser.error(
-            f"--central_inference is MonoBeast's (--runtime {flags.runtime} has its own "
-            "inference): leave it out, or use --runtime mono"
-        )
-    return {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from torchbeast.config.flags import add_env_side_flags
-from torchbeast.config.poly import TOKEN_ENV_VAR
+from torchbeast.config.poly import TOKEN_ENV_VAR, resolve_learner_flags
 from torchbeast.config.values import (
     nonnegative_float,
     nonnegative_int,
@@ -152,3 +152,10 @@ def add_env_flags(parser: argparse.ArgumentParser) -> None:
         help="(new) Classic mode: most streams one env server serves at once.",
     )
     add_env_side_flags(parser)
+
+
+def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
+    """PolyBeast's learner flags on a runtime's parser (``runtime.registry``), with the
+    defaults they derive."""
+    add_learner_flags(parser)
+    parser.resolvers.append(resolve_learner_flags)

@@ -6,12 +6,8 @@ from __future__ import annotations
 import argparse
 
 from torchbeast.config.flags import make_parser
-from torchbeast.config.parsers import (
-    make_env_parser,
-    make_learner_parser,
-    make_mono_parser,
-    make_ray_parser,
-)
+from torchbeast.config.parsers import make_env_parser, make_learner_parser, make_runtime_parser
+from torchbeast.runtime.registry import RUNTIMES
 
 
 def markers(table: str) -> tuple[str, str]:
@@ -54,14 +50,10 @@ def poly_reference() -> str:
     )
 
 
-def mono_reference() -> str:
-    table = markdown_reference(make_mono_parser(), exclude=shared_flags())
-    return f"`monobeast`, besides the flags of the first table:\n\n{table}"
-
-
-def ray_reference() -> str:
-    table = markdown_reference(make_ray_parser(), exclude=shared_flags())
-    return f"`raybeast`, besides the flags of the first table:\n\n{table}"
+def runtime_reference(runtime: str) -> str:
+    """The table of a runtime's own flags (those its registry entry adds)."""
+    table = markdown_reference(make_runtime_parser(runtime), exclude=shared_flags())
+    return f"{RUNTIMES[runtime].title}, besides the flags of the first table:\n\n{table}"
 
 
 def replace_block(text: str, table: str, body: str) -> str:

@@ -10,9 +10,10 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from torchbeast.config.env import env_settings, from_flags
-from torchbeast.config.poly import PolyEnvSettings, PolySettings, poly_settings
+from torchbeast.config.poly import PolyEnvSettings
 from torchbeast.core.settings import LearnerSettings, ModelSettings
 from torchbeast.envs.settings import EnvSettings
 
@@ -76,17 +77,6 @@ class ActorSettings:
 
 
 @dataclass(frozen=True)
-class MonoSettings:
-    num_buffers: int  # shared-memory rollout buffers
-    central_inference: bool = False  # the learner process acts for every actor
-
-
-@dataclass(frozen=True)
-class RaySettings:
-    ray_address: str | None  # None: a local Ray instance
-
-
-@dataclass(frozen=True)
 class Settings:
     """Everything a command was told; ``runtime`` holds the settings of the runtime that
     trains (None in test and eval modes' own parsers)."""
@@ -97,14 +87,17 @@ class Settings:
     learner: LearnerSettings
     replay: ReplaySettings
     actors: ActorSettings
-    runtime: MonoSettings | PolySettings | RaySettings | None = None
+    # The runtime's own (MonoSettings, PolySettings, RaySettings: its registry entry's).
+    runtime: Any = None
 
 
-RUNTIME_SETTINGS = {
-    "mono": lambda flags: from_flags(MonoSettings, flags),
-    "poly": poly_settings,
-    "ray": lambda flags: from_flags(RaySettings, flags),
-}
+def runtime_settings(flags: argparse.Namespace, runtime: str) -> Any:
+    """``runtime``'s own settings, as its registry entry builds them (None: it has none).
+    The registry is imported here: it names these settings in its type hints."""
+    from torchbeast.runtime.registry import RUNTIMES, function
+
+    build = RUNTIMES[runtime].settings
+    return None if build is None else function(build)(flags)
 
 
 def build_settings(
@@ -127,7 +120,7 @@ def build_settings(
         learner=learner_settings(flags),
         replay=from_flags(ReplaySettings, flags),
         actors=from_flags(ActorSettings, flags),
-        runtime=RUNTIME_SETTINGS[runtime](flags) if runtime else None,
+        runtime=runtime_settings(flags, runtime) if runtime else None,
     )
 
 

@@ -7,10 +7,12 @@ A runtime is a module with
     train(settings) -> dict: ``with session(settings) as trainer: return trainer.train()``
 
 and a ``Trainer`` subclass (``runtime.training``) that learns its env spec, starts its
-pool, publishes weights, and for the benchmark reports its ``stage_totals`` (CPU seconds
-outside the learner process, by stage) and ``actor_layout``. A runtime with flags of its
-own names the function that writes their README table (``docs``), and one whose benchmark
-needs flags set for it (PolyBeast: its env servers) the function that gives them.
+pool (``runtime.pool.Pool``) and publishes weights. A runtime with flags of its own names
+the torch-free functions that add them to its parser and build its settings from them
+(the edge calls both: ``config.parsers``, ``config.settings``; the README's table of them
+is generated, ``docs``); one whose benchmark needs flags set for it (PolyBeast: its env
+servers) names the function that gives them. A new runtime is its package and one entry
+here: nothing in ``config`` names a runtime.
 """
 
 from __future__ import annotations
@@ -37,9 +39,18 @@ class Runtime:
     name: str  # what --runtime names it
     title: str  # what people call it
     module: str  # imported on first use: it may need settings made before (Ray)
+    description: str  # its parser's
+    # "module:function" (parser) that adds the runtime's own flags (and resolvers); and
+    # "module:function" (flags) -> the runtime's settings (Settings.runtime). Torch-free.
+    add_flags: str | None = None
+    settings: str | None = None
+    # Whether rollouts live in --num_buffers shared-memory buffers (MonoBeast), so that the
+    # flag is resolved and checked; the other runtimes accept it and ignore it.
+    shared_memory_buffers: bool = False
     prepare: str | None = None  # "module:function" to call with the settings before import
     # "module:function" that returns the README's table of the runtime's own flags, between
-    # the markers of table NAMEflags (config.reference.markers); None: it has none.
+    # the markers of table NAMEflags (config.reference.markers); None: the generated table
+    # of the flags add_flags adds.
     flags_table: str | None = None
     # "module:function" (flags, folder) -> {flag: value} that a benchmark run in the
     # temporary ``folder`` sets beyond the user's flags; None: none.
@@ -67,12 +78,18 @@ RUNTIMES = {
             "mono",
             "MonoBeast",
             "torchbeast.runtime.mono",
-            flags_table="torchbeast.config.reference:mono_reference",
+            "MonoBeast: IMPALA on one machine, actors in processes.",
+            add_flags="torchbeast.runtime.mono_settings:add_flags",
+            settings="torchbeast.runtime.mono_settings:settings",
+            shared_memory_buffers=True,
         ),
         Runtime(
             "poly",
             "PolyBeast",
             "torchbeast.runtime.poly.trainer",
+            "PolyBeast learner: IMPALA with environments as gRPC peers.",
+            add_flags="torchbeast.config.poly_flags:add_runtime_flags",
+            settings="torchbeast.config.poly:poly_settings",
             flags_table="torchbeast.config.reference:poly_reference",
             bench_flags="torchbeast.runtime.poly.trainer:bench_flags",
         ),
@@ -80,8 +97,10 @@ RUNTIMES = {
             "ray",
             "RayBeast",
             "torchbeast.runtime.ray.trainer",
+            "RayBeast: IMPALA with Ray actors, on one machine or a Ray cluster.",
+            add_flags="torchbeast.runtime.ray.settings:add_flags",
+            settings="torchbeast.runtime.ray.settings:settings",
             prepare="torchbeast.runtime.ray.prepare:prepare_environment",
-            flags_table="torchbeast.config.reference:ray_reference",
         ),
     )
 }
