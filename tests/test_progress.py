@@ -37,17 +37,17 @@ def trainer(*argv: str, tmp_path):
 
 def test_mean_return_is_over_the_last_100_episodes_on_every_line(tmp_path):
     run = trainer(tmp_path=tmp_path)
-    assert run.mean_return_text() == " Mean return (last 0 episodes) n/a."
-    run.record_returns([float(r) for r in range(150)])
-    assert run.mean_return_text() == " Mean return (last 100 episodes) 99.5."
-    assert run.mean_return_text() == " Mean return (last 100 episodes) 99.5."
+    assert run.progress.mean_return_text() == " Mean return (last 0 episodes) n/a."
+    run.progress.record({}, [float(r) for r in range(150)])
+    assert run.progress.mean_return_text() == " Mean return (last 100 episodes) 99.5."
+    assert run.progress.mean_return_text() == " Mean return (last 100 episodes) 99.5."
 
 
 def test_episodes_for_avg_prints_each_episode_once_when_enough_have_ended(tmp_path):
     # The LASER fork's --episodes_for_avg, in every runtime: the Trainer is shared.
     run = trainer("--episodes_for_avg", "3", tmp_path=tmp_path)
-    run.record_returns([1.0, 2.0])
-    assert run.mean_return_text() == ""
-    run.record_returns([3.0, 6.0])
-    assert run.mean_return_text() == " Mean return (last 4 episodes) 3.0."
-    assert run.mean_return_text() == ""
+    run.progress.record({}, [1.0, 2.0])
+    assert run.progress.mean_return_text() == ""
+    run.progress.record({}, [3.0, 6.0])
+    assert run.progress.mean_return_text() == " Mean return (last 4 episodes) 3.0."
+    assert run.progress.mean_return_text() == ""

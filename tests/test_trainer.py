@@ -127,8 +127,8 @@ def test_recent_returns_are_those_of_the_episodes_that_ended(tmp_path):
     trainer = InProcessTrainer(make_flags(tmp_path, "--total_steps", "2000"))
     trainer.train()
     # CartPole under a near-uniform policy: episodes of about 10-40 steps, return = length.
-    assert len(trainer.recent_returns) > 20
-    assert all(8 <= ret <= 200 for ret in trainer.recent_returns)
+    assert len(trainer.progress.recent_returns) > 20
+    assert all(8 <= ret <= 200 for ret in trainer.progress.recent_returns)
 
 
 def test_an_envs_episode_extras_are_logged_and_printed_by_name(tmp_path):
@@ -140,10 +140,10 @@ def test_an_envs_episode_extras_are_logged_and_printed_by_name(tmp_path):
     column = header.index("mean_episode_coins")  # header[0] is "# _tick"
     ended = [row for row in rows if row[header.index("episodes")] != "0"]
     assert ended and all(float(row[column]) == 20.0 for row in ended)  # 10 steps of 2 coins
-    assert trainer.episode_extras_text() == " Coins 20.0."
+    assert trainer.progress.episode_extras_text() == " Coins 20.0."
 
 
 def test_an_env_without_episode_extras_prints_none(tmp_path):
     trainer = InProcessTrainer(make_flags(tmp_path, "--total_steps", "400"))
     trainer.train()
-    assert trainer.episode_extras_text() == ""
+    assert trainer.progress.episode_extras_text() == ""

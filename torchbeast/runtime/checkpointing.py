@@ -12,43 +12,46 @@ from torchbeast.core import checkpoint
 if TYPE_CHECKING:
     import torch
 
-    from torchbeast.config.settings import RunSettings, Settings
+    from torchbeast.config.settings import Settings
     from torchbeast.core.learner import Learner
     from torchbeast.core.spec import EnvSpec
 
 log = logging.getLogger("torchbeast")
 
 
-class Checkpointing:
-    """The Trainer's checkpoint at ``checkpoint_path``; the Trainer sets these attributes."""
+class RunCheckpoint:
+    """A training run's checkpoint at ``path``: the learner's state, resumed from and
+    saved to with what the run trains on (env, spec, model, flags)."""
 
-    settings: Settings
-    run: RunSettings
-    env_spec: EnvSpec
-    config: dict
-    device: torch.device
-    learner: Learner
-    checkpoint_path: str
+    def __init__(
+        self, settings: Settings, env_spec: EnvSpec, config: dict, learner: Learner, path: str
+    ):
+        self.settings = settings
+        self.run = settings.run
+        self.env_spec = env_spec
+        self.config = config
+        self.learner = learner
+        self.path = path
 
-    def resume_if_possible(self) -> bool:
+    def resume_if_possible(self, device: torch.device) -> bool:
         """Loads model.tar of this xpid if there is one; refuses one of another run."""
-        if not os.path.exists(self.checkpoint_path):
+        if not os.path.exists(self.path):
             return False
-        state = checkpoint.load(self.checkpoint_path, map_location=self.device)
-        checkpoint.check_compatible(state, self.env_spec.env_id, self.config, self.checkpoint_path)
-        checkpoint.check_spec(state, self.env_spec, self.checkpoint_path)
-        checkpoint.check_optimizer(state, self.settings.learner.optimizer, self.checkpoint_path)
+        state = checkpoint.load(self.path, map_location=device)
+        checkpoint.check_compatible(state, self.env_spec.env_id, self.config, self.path)
+        checkpoint.check_spec(state, self.env_spec, self.path)
+        checkpoint.check_optimizer(state, self.settings.learner.optimizer, self.path)
         try:
             self.learner.load_state_dict(state)
         except (KeyError, RuntimeError, ValueError) as error:  # e.g. another number of actions
             first_line = str(error).strip().splitlines()[0]
             raise checkpoint.CheckpointError(
-                f"checkpoint {self.checkpoint_path} does not fit this run's model ({first_line}): "
+                f"checkpoint {self.path} does not fit this run's model ({first_line}): "
                 "use the environment and flags it was trained with, or another --xpid"
             ) from None
         return True
 
-    def save_checkpoint(self) -> None:
+    def save(self) -> None:
         if self.run.disable_checkpoint:
             return
         with self.learner.lock:
@@ -59,5 +62,5 @@ class Checkpointing:
                 env_spec=checkpoint.spec_state(self.env_spec),
                 model_config=self.config,
             )
-            log.info("Saving checkpoint to %s (step %d)", self.checkpoint_path, self.learner.step)
-            checkpoint.save(self.checkpoint_path, state)
+            log.info("Saving checkpoint to %s (step %d)", self.path, self.learner.step)
+            checkpoint.save(self.path, state)

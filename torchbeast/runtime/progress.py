@@ -19,25 +19,32 @@ progress_log = logging.getLogger("torchbeast.progress")  # the lines --suppress_
 PROGRESS_INTERVAL_S = 5.0
 
 
-class ProgressReporting:
-    """The Trainer's progress lines; the Trainer sets these attributes."""
+class Progress:
+    """The episodes that ended lately and the update's figures, and the progress line made
+    of them. ``record`` and ``print`` may run in different threads."""
 
-    run: RunSettings
-    env_spec: EnvSpec
-    stats_lock: threading.Lock
-    last_stats: dict
-    recent_returns: collections.deque[float]
-    returns_since_mean: list[float]  # with --episodes_for_avg
-    recent_extras: collections.deque[tuple[float, ...]]
+    def __init__(self, run: RunSettings, env_spec: EnvSpec):
+        self.run = run
+        self.env_spec = env_spec
+        self.lock = threading.Lock()
+        self.last_stats: dict = {}  # the last update's figures
+        self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
+        self.returns_since_mean: list[float] = []  # with --episodes_for_avg
+        self.recent_extras: collections.deque[tuple[float, ...]] = collections.deque(maxlen=100)
 
-    def record_returns(self, returns: list[float]) -> None:
-        """Notes the returns of episodes that just ended (stats_lock held)."""
-        self.recent_returns.extend(returns)
-        if self.run.episodes_for_avg:
-            self.returns_since_mean.extend(returns)
+    def record(
+        self, stats: dict, returns: list[float], extras: list[tuple[float, ...]] = ()
+    ) -> None:
+        """An update's figures, and the returns and extras of the episodes it saw end."""
+        with self.lock:
+            self.last_stats = stats
+            self.recent_returns.extend(returns)
+            if self.run.episodes_for_avg:
+                self.returns_since_mean.extend(returns)
+            self.recent_extras.extend(extras)
 
-    def print_progress(self, step: int, sps: float) -> None:
-        with self.stats_lock:
+    def print(self, step: int, sps: float) -> None:
+        with self.lock:
             entropy = self.last_stats.get("policy_entropy")
             mean_return = "" if entropy is None else self.mean_return_text()
             extras_text = self.episode_extras_text()
@@ -54,7 +61,7 @@ class ProgressReporting:
 
     def episode_extras_text(self) -> str:
         """The progress line's mean of each episode extra over the last 100 episodes, e.g.
-        " True return 120.0, true move 9.5." (stats_lock held); "" if the env has none."""
+        " True return 120.0, true move 9.5."; "" if the env has none."""
         if not self.recent_extras:
             return ""
         means = np.mean(self.recent_extras, axis=0)
@@ -65,9 +72,9 @@ class ProgressReporting:
         return f" {text[0].upper()}{text[1:]}."
 
     def mean_return_text(self) -> str:
-        """The progress line's mean-return part (stats_lock held): the last 100 episodes;
-        with --episodes_for_avg N, the episodes since the last mean printed, once N of them
-        have ended (and nothing until then)."""
+        """The progress line's mean-return part: the last 100 episodes; with
+        --episodes_for_avg N, the episodes since the last mean printed, once N of them have
+        ended (and nothing until then)."""
         if not self.run.episodes_for_avg:
             returns = self.recent_returns
             mean = f"{np.mean(returns):.1f}" if returns else "n/a"

@@ -1,16 +1,16 @@
 """The training loop every runtime shares: learner threads, progress, checkpoints, stop.
 
 A runtime provides a *pool*: it starts actors, hands the learner batches of rollouts
-(``get_batch``), and reports a failure that ends the run (``error``). With LASER
-(``--replay_size`` > 0) every online batch also goes into one replay shared by all actors,
-and each update learns from B online + B * ``--replay_ratio`` replayed rollouts. The
-Trainer's progress lines come from ``runtime.progress``, its checkpoint from
-``runtime.checkpointing``.
+(``get_batch``), and reports a failure that ends the run (``error``): ``runtime.pool``.
+With LASER (``--replay_size`` > 0) every online batch also goes into one replay shared by
+all actors, and each update learns from B online + B * ``--replay_ratio`` replayed
+rollouts (``core.replay``). The Trainer holds its parts, each with its own state: the
+learner (``core.learner``), the progress line and its episodes (``runtime.progress``) and
+the checkpoint (``runtime.checkpointing``).
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import signal
@@ -32,11 +32,11 @@ from torchbeast.core.replay import Replay
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs.family import flag_text
-from torchbeast.runtime.checkpointing import Checkpointing
+from torchbeast.runtime.checkpointing import RunCheckpoint
 from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.layout import limit_learner_threads
 from torchbeast.runtime.pool import Pool
-from torchbeast.runtime.progress import PROGRESS_INTERVAL_S, ProgressReporting
+from torchbeast.runtime.progress import PROGRESS_INTERVAL_S, Progress
 
 log = logging.getLogger("torchbeast")
 
@@ -45,7 +45,7 @@ class TrainingError(UserError, RuntimeError):
     """Training cannot go on; the message names the cause."""
 
 
-class Trainer(ProgressReporting, Checkpointing):
+class Trainer:
     """Wires learner, actors, logging and checkpoints together for one training run.
 
     A runtime subclasses it with ``create_pool`` (how rollouts arrive) and ``publish``
@@ -77,15 +77,14 @@ class Trainer(ProgressReporting, Checkpointing):
             on_update=self.publish,
             episode_extras=env_spec.episode_extras,
         )
-        self.checkpoint_path = checkpoint.path_in(run.run_dir)
+        self.checkpoint = RunCheckpoint(
+            settings, env_spec, self.config, self.learner, checkpoint.path_in(run.run_dir)
+        )
+        self.progress = Progress(run, env_spec)
         self.stop_requested = threading.Event()
         self.failure: BaseException | None = None
-        self.stats_lock = threading.Lock()
-        self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
-        self.returns_since_mean: list[float] = []  # with --episodes_for_avg
-        # The episode extras of the last episodes, one tuple per episode (if the env has any).
-        self.recent_extras: collections.deque[tuple[float, ...]] = collections.deque(maxlen=100)
-        self.last_stats: dict = {}
+        # Updates (and logging them, so that logs.csv keeps step order) one at a time.
+        self.update_lock = threading.Lock()
         # Wall-clock seconds spent in updates (and logging them): how busy the learner is.
         self.update_seconds = 0.0
         self.pool: Pool | None = None
@@ -139,7 +138,7 @@ class Trainer(ProgressReporting, Checkpointing):
                 batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
                 core_state = tuple(s.to(self.device) for s in core_state)
                 # Updates are serialised anyway; logging inside keeps logs.csv in step order.
-                with self.stats_lock:
+                with self.update_lock:
                     started = time.perf_counter()
                     try:
                         stats = self.learner.learn(batch, core_state, num_online)
@@ -148,9 +147,7 @@ class Trainer(ProgressReporting, Checkpointing):
                             raise
                         self.drop_batch(pool, batch, core_state, sources, error)
                         continue
-                    self.record_returns(episode_returns)
-                    self.recent_extras.extend(episode_extras)
-                    self.last_stats = stats
+                    self.progress.record(stats, episode_returns, episode_extras)
                     writer.log(stats)
                     self.update_seconds += time.perf_counter() - started
             # Done: the other learner threads may be waiting for rollouts that never come.
@@ -190,13 +187,13 @@ class Trainer(ProgressReporting, Checkpointing):
     def train(self) -> dict:
         run = self.run
         env_id = self.env_spec.env_id
-        resumed = self.resume_if_possible()  # before any file of the run is touched
+        resumed = self.checkpoint.resume_if_possible(self.device)  # before any run file
         setup_console_logging()
         writer = FileWriter(
             run.savedir, run.xpid, run.recorded_flags(env_id), sources=dict(run.sources)
         )
         if resumed:
-            log.info("Resuming from %s at step %d.", self.checkpoint_path, self.learner.step)
+            log.info("Resuming from %s at step %d.", self.checkpoint.path, self.learner.step)
         log.info(
             "Training %s on %s: %s model, %d parameters, learner on %s.",
             run.xpid,
@@ -222,7 +219,7 @@ class Trainer(ProgressReporting, Checkpointing):
                 run.total_steps,
             )
             writer.close()
-            return self.last_stats
+            return self.progress.last_stats
 
         pool = self.pool = self.create_pool()
 
@@ -249,7 +246,7 @@ class Trainer(ProgressReporting, Checkpointing):
             request_stop()
             for thread in threads:
                 thread.join()
-            self.save_checkpoint()
+            self.checkpoint.save()
             pool.stop()
             signal.signal(signal.SIGTERM, previous_handler)
             signal.signal(signal.SIGINT, previous_interrupt)
@@ -269,7 +266,7 @@ class Trainer(ProgressReporting, Checkpointing):
             )
         if self.failure is not None:
             raise self.failure
-        return self.last_stats
+        return self.progress.last_stats
 
     def monitor(self, pool: Pool, threads: list[threading.Thread]) -> None:
         """Prints progress, checkpoints on time, and returns when training should end."""
@@ -283,10 +280,10 @@ class Trainer(ProgressReporting, Checkpointing):
             if now - last_time >= PROGRESS_INTERVAL_S:
                 step = self.learner.step
                 sps = (step - last_step) / (now - last_time)
-                self.print_progress(step, sps)
+                self.progress.print(step, sps)
                 last_time, last_step = now, step
             if now - last_checkpoint >= self.run.checkpoint_interval:
-                self.save_checkpoint()
+                self.checkpoint.save()
                 last_checkpoint = now
 
 
