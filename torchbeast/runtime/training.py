@@ -11,6 +11,7 @@ the checkpoint (``runtime.checkpointing``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -211,7 +212,9 @@ class Trainer:
         for preset, values in run.presets_applied().items():
             given = " ".join(flag_text(name, value) for name, value in values.items())
             log.info("Settings from the %s: %s (--no_presets leaves them out).", preset, given)
-        envs.log_training_reward(self.settings.env, self.settings.learner.reward_clipping)
+        # The env id as resolved (a PolyBeast learner may learn it from its first stream).
+        env = dataclasses.replace(self.settings.env, env=env_id)
+        envs.log_training_reward(env, self.settings.learner.reward_clipping)
         if self.learner.step >= run.total_steps:
             log.info(
                 "Already trained to %d steps (--total_steps %d).",
