@@ -20,6 +20,22 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def uses_ray(item: pytest.Item) -> bool:
+    node = item.nodeid.lower()
+    return (
+        "raybeast" in node or "[ray]" in node or "ray_cluster" in getattr(item, "fixturenames", ())
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``-n``, as ``make test`` runs), the tests that start Ray run one
+    after another on one worker: some check that no Ray daemon outlives a run, which another
+    test's Ray instance would contradict."""
+    for item in items:
+        if uses_ray(item):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
 @pytest.fixture
 def sockets():
     """A short folder for Unix sockets (their paths are limited to ~100 characters)."""
