@@ -28,12 +28,12 @@ def uses_ray(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``-n``, as ``make test`` runs), the tests that start Ray run one
-    after another on one worker: some check that no Ray daemon outlives a run, which another
-    test's Ray instance would contradict."""
+    """Marks the tests that start Ray (``-m ray``): ``make test`` runs them one after
+    another once the others have run in parallel workers, since some check that no Ray
+    daemon outlives a run, and Ray's daemons miss their deadlines on a loaded machine."""
     for item in items:
         if uses_ray(item):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+            item.add_marker(pytest.mark.ray)
 
 
 @pytest.fixture
