@@ -262,9 +262,9 @@ gym.register("Corridor-v0", entry_point=Corridor, max_episode_steps=50)
 
 
 class CorridorFamily(EnvFamily):
-    def __init__(self):
-        super().__init__(name="Corridor", summary="a test package's corridors")
-        self.flag_names = ("corridor_length",)
+    name = "Corridor"
+    summary = "a test package's corridors"
+    flag_names = ("corridor_length",)
 
     def takes(self, env_id, spec):
         return spec.id == "Corridor-v0"

@@ -9,6 +9,12 @@ import difflib
 import sys
 
 
+def did_you_mean(name: str, options: list[str]) -> str:
+    """ " (did you mean X?)" for the option nearest to ``name``, or ""."""
+    near = difflib.get_close_matches(name, options, n=1)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Adds "(default: X)" to a flag's help unless its help already says its default, or
     the default is None, False or "" (no value, or a switch that is off)."""
@@ -51,8 +57,6 @@ class FlagParser(argparse.ArgumentParser):
         if message.startswith("unrecognized arguments: "):
             unknown = message.removeprefix("unrecognized arguments: ").split()
             flags = [token.partition("=")[0] for token in unknown if token.startswith("-")]
-            names = sorted(self._long_options())
-            near = difflib.get_close_matches(flags[0], names, n=1) if flags else []
-            if near:
-                message += f" (did you mean {near[0]}?)"
+            if flags:
+                message += did_you_mean(flags[0], sorted(self._long_options()))
         self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")

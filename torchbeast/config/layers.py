@@ -15,11 +15,11 @@ the sources beside the flags.
 from __future__ import annotations
 
 import argparse
-import difflib
 from collections.abc import Mapping
 
 import tomllib
 
+from torchbeast.config.argparser import did_you_mean
 from torchbeast.envs.family import Preset, family_of
 from torchbeast.envs.registry import EnvError
 
@@ -58,12 +58,6 @@ def given_on_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> d
         parser._defaults = saved_parser_defaults
 
 
-def nearest_flag(name: str, parser: argparse.ArgumentParser) -> str:
-    """ " (did you mean --x?)" for the flag nearest to ``name``, or ""."""
-    near = difflib.get_close_matches(name, list(flag_actions(parser)), n=1)
-    return f" (did you mean --{near[0]}?)" if near else ""
-
-
 def file_value(action: argparse.Action, value: object) -> object:
     """``value`` from a config file as the flag's type makes it; ValueError if it cannot be."""
     if action.nargs == 0:  # a switch: store_true and the like
@@ -95,13 +89,13 @@ def read_config_file(path: str, parser: argparse.ArgumentParser) -> dict:
     except tomllib.TOMLDecodeError as error:
         parser.error(f"--config {path}: not valid TOML ({error})")
     actions = flag_actions(parser)
+    options = [f"--{dest}" for dest in actions]
     values = {}
     for key, value in table.items():
         name = key.replace("-", "_")
         if name not in actions or name in ("config", "print_settings"):
-            parser.error(
-                f"--config {path}: {key!r} is no flag of this command{nearest_flag(name, parser)}"
-            )
+            near = did_you_mean(f"--{name}", options)
+            parser.error(f"--config {path}: {key!r} is no flag of this command{near}")
         try:
             values[name] = file_value(actions[name], value)
         except ValueError as error:
@@ -171,7 +165,6 @@ def settings_table(flags: argparse.Namespace, sources: Mapping[str, str]) -> str
     rows = [
         (f"--{name}", repr(value), sources.get(name, DEFAULT))
         for name, value in sorted(vars(flags).items())
-        if name != "sources"
     ]
     width = max(len(name) for name, _, _ in rows)
     value_width = min(max(len(value) for _, value, _ in rows), 40)

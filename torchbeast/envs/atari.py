@@ -128,9 +128,9 @@ SURVIVAL = Preset(
 
 
 class AtariFamily(EnvFamily):
-    def __init__(self):
-        super().__init__(name="Atari", summary="ale-py's Atari games, DeepMind preprocessing")
-        self.flag_names = ("no_fire_on_life_loss", *riverraid.PROXY_FLAGS)
+    name = "Atari"
+    summary = "ale-py's Atari games, DeepMind preprocessing"
+    flag_names = ("no_fire_on_life_loss", *riverraid.PROXY_FLAGS)
 
     def cannot_train(self, env_id: str) -> str | None:
         if gym_spec(env_id).kwargs.get("obs_type", "rgb") != "rgb":

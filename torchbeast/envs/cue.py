@@ -65,8 +65,8 @@ def register() -> None:
 class PixelCueFamily(EnvFamily):
     """PixelCue, the pipeline's own check (``make learn``)."""
 
-    def __init__(self):
-        super().__init__(name="PixelCue", summary="the synthetic pixel task of the learning checks")
+    name = "PixelCue"
+    summary = "the synthetic pixel task of the learning checks"
 
     def cannot_train(self, env_id: str) -> str | None:
         return None  # every id of the family trains

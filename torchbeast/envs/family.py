@@ -24,7 +24,7 @@ import importlib.metadata
 import logging
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import gymnasium as gym
@@ -54,16 +54,16 @@ class Preset:
     when: str = ""  # the command lines it applies to, as the README's table says
 
 
-@dataclass
 class EnvFamily:
-    """A family of environments. Subclasses override what their family needs; the base
-    makes any Gymnasium id with ``gym.make`` and has no flags and no presets."""
+    """A family of environments. Subclasses set ``name`` and ``summary`` and override what
+    their family needs; the base makes any Gymnasium id with ``gym.make`` and has no flags
+    and no presets."""
 
-    name: str = "Gymnasium"
-    summary: str = "any other Gymnasium id with a Box observation and Discrete actions"
+    name = "Gymnasium"
+    summary = "any other Gymnasium id with a Box observation and Discrete actions"
     # The flags the family adds (argparse dests): their values reach its envs through
     # ``EnvSettings.options``, and ``polybeast_env`` takes them too.
-    flag_names: tuple[str, ...] = field(default=(), init=False)
+    flag_names: tuple[str, ...] = ()
 
     def takes(self, env_id: str, spec: gym.envs.registration.EnvSpec) -> bool:
         """Whether this family makes ``env_id`` (its registered ``spec``)."""

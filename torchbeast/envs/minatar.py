@@ -26,8 +26,8 @@ SPACE_INVADERS = Preset(
 
 
 class MinAtarFamily(EnvFamily):
-    def __init__(self):
-        super().__init__(name="MinAtar", summary="MinAtar's grid games (pip install MinAtar)")
+    name = "MinAtar"
+    summary = "MinAtar's grid games (pip install MinAtar)"
 
     def cannot_train(self, env_id: str) -> str | None:
         return None  # every id of the family trains
