@@ -187,7 +187,7 @@ def test_help_groups_the_flags_and_says_each_default_once():
     for group in ("Run:", "Model:", "Loss:", "Optimizer:", "Atari environments:"):
         assert f"\n{group}\n" in result.stdout
     assert "(default: None)" not in result.stdout and "(default: False)" not in result.stdout
-    xpid = result.stdout[result.stdout.index("  --xpid XPID") :].split("--seed")[0]
+    xpid = result.stdout[result.stdout.index("  --xpid XPID") :].split("\n  --")[0]
     assert xpid.count("default") == 1
 
 
@@ -225,9 +225,12 @@ def test_a_run_records_the_source_of_every_flag_in_meta_json_and_logs_its_preset
 # --------------------------------------------------------------------------- plug-ins
 
 PLUGIN = '''
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 
+from torchbeast.core.settings import flag
 from torchbeast.envs.batched import BatchedEnv
 from torchbeast.envs.family import EnvFamily, Preset
 
@@ -261,16 +264,18 @@ class Corridor(gym.Env):
 gym.register("Corridor-v0", entry_point=Corridor, max_episode_steps=50)
 
 
+@dataclasses.dataclass(frozen=True)
+class CorridorOptions:
+    corridor_length: int = flag(4, "Cells.", check="positive")
+
+
 class CorridorFamily(EnvFamily):
     name = "Corridor"
     summary = "a test package's corridors"
-    flag_names = ("corridor_length",)
+    options = CorridorOptions
 
     def takes(self, env_id, spec):
         return spec.id == "Corridor-v0"
-
-    def add_flags(self, group):
-        group.add_argument("--corridor_length", type=int, default=4, help="Cells.")
 
     def presets(self, env_id, given):
         return [Preset("Corridor", {"hidden_size": 16}, "the test's own")]

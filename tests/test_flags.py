@@ -342,7 +342,7 @@ def test_markdown_reference_has_a_row_per_flag():
     table = markdown_reference()
     assert "| `--num_learner_threads` `--num_threads` | `2` | Number learner threads. |" in table
     assert "| `--mode` {train,test,test_render,eval} | `train` | Training or test mode;" in table
-    assert "| `--seed` |  | (new) Seed for envs and the model (default: drawn" in table
+    assert "| `--seed` |  | (new) Seed for the environments and the model (default: drawn" in table
 
 
 def test_update_readme_replaces_only_the_flag_blocks(tmp_path):

@@ -36,8 +36,10 @@ def test_learner_settings_are_the_flags_of_the_same_names_and_frozen():
 def test_each_runtime_gets_its_own_settings_with_defaults_resolved_at_parse_time():
     argv = ["--xpid", "x", "--num_actors", "2", "--envs_per_actor", "4", "--batch_size", "8"]
     mono = build_settings(parse_flags(argv), "mono")
-    assert mono.runtime.num_buffers == 16  # 2 * actors * envs
+    assert mono.actors.num_buffers == 16  # 2 * actors * envs
+    assert mono.runtime.central_inference is False
     poly = poly_settings(*argv[2:])
+    assert poly.actors.num_buffers is None  # taken (the original's command lines), unused
     assert poly.runtime.max_learner_queue_size == 8  # --batch_size
     assert poly.runtime.stream_memory_mb > 0
     assert (poly.actors.num_actors, poly.actors.envs_per_actor) == (2, 4)
@@ -88,3 +90,94 @@ def test_core_never_sees_argparse():
         modules = {alias.name for node in imports for alias in node.names}
         modules |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         assert "argparse" not in modules, path.name
+
+
+# ------------------------------------------------- each setting declared once, as its flag
+
+
+def declaring_classes() -> list[type]:
+    """Every class of settings whose fields declare flags: the run's, each runtime's (its
+    registry entry's), PolyBeast's and each env family's options."""
+    from torchbeast.config import settings as run_settings
+    from torchbeast.config.poly import NetworkSettings, PolyEnvSettings
+    from torchbeast.core.settings import LearnerSettings, ModelSettings
+    from torchbeast.envs.family import families
+    from torchbeast.envs.settings import EnvSettings
+    from torchbeast.runtime.registry import RUNTIMES, function
+
+    classes = [
+        EnvSettings,
+        run_settings.RunSettings,
+        run_settings.ActorSettings,
+        run_settings.ReplaySettings,
+        ModelSettings,
+        LearnerSettings,
+        NetworkSettings,
+        PolyEnvSettings,
+    ]
+    classes += [function(entry.settings) for entry in RUNTIMES.values() if entry.settings]
+    classes += [family.options for family in families() if family.options is not None]
+    return classes
+
+
+def declarations() -> list[tuple[str, str]]:
+    """(flag name, class) for every field that declares a flag."""
+    return [
+        (field.name, settings_type.__name__)
+        for settings_type in declaring_classes()
+        for field in dataclasses.fields(settings_type)
+        if "flag" in field.metadata
+    ]
+
+
+# Flags that steer the parse itself or the benchmark, not a setting of the run.
+NOT_SETTINGS = {"help", "config", "no_presets", "print_settings"}
+BENCH_ONLY = {"runtime", "warmup_steps", "bench_steps", "json"}
+
+
+def test_no_flag_is_declared_by_two_fields():
+    names = [name for name, _ in declarations()]
+    twice = {name: [c for n, c in declarations() if n == name] for name in names}
+    assert {name: owners for name, owners in twice.items() if len(owners) > 1} == {}
+
+
+def test_every_flag_of_every_command_is_a_declared_setting():
+    from torchbeast.config.parsers import make_bench_parser, make_runtime_parser
+    from torchbeast.runtime.registry import RUNTIMES
+
+    declared = {name for name, _ in declarations()}
+    parsers = [make_runtime_parser(name) for name in RUNTIMES]
+    parsers += [make_env_parser(), make_bench_parser(list(RUNTIMES))]
+    for parser in parsers:
+        dests = {action.dest for action in parser._actions}
+        assert dests - declared - NOT_SETTINGS - BENCH_ONLY == set(), parser.description
+    assert declared <= set().union(*({a.dest for a in p._actions} for p in parsers))
+
+
+def test_the_parsers_defaults_are_the_settings_defaults():
+    """Settings built from a command line of defaults equal the classes' own defaults:
+    the flag's default is the field's, declared in one place."""
+    from torchbeast.core.settings import LearnerSettings, ModelSettings
+
+    settings = build_settings(parse_flags(["--xpid", "x", "--seed", "1"]), "mono")
+    assert settings.learner == LearnerSettings()
+    assert settings.model == ModelSettings()
+    assert settings.runtime == type(settings.runtime)()
+    assert (settings.env.env, settings.env.seed) == ("PongNoFrameskip-v4", 1)
+
+
+def test_a_declared_check_refuses_what_the_flag_refuses(capsys):
+    from torchbeast.core.settings import flag
+
+    for argv, rule in [
+        (["--batch_size", "0"], "must be a positive integer"),
+        (["--discounting", "1.5"], "must be in [0, 1]"),
+        (["--entropy_cost", "-1"], "must be >= 0"),
+        (["--fuel_multiplier", "nan"], "must be a finite number"),
+        (["--optimizer", "sgd"], "invalid choice"),
+    ]:
+        with pytest.raises(SystemExit):
+            parse_flags(["--xpid", "x", *argv])
+        assert rule in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown check 'even'"):
+        flag(2, "A setting.", check="even")

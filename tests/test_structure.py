@@ -4,11 +4,15 @@ a torch-free edge, and generic layers that reach env families only through their
 from __future__ import annotations
 
 import ast
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
+
+from torchbeast.core.settings import flag
 
 PACKAGE = Path(__file__).resolve().parent.parent / "torchbeast"
 FAMILY_MODULES = {"torchbeast.envs.atari", "torchbeast.envs.minatar", "torchbeast.envs.cue",
@@ -96,12 +100,11 @@ def test_every_runtimes_pool_is_a_pool():
 # A runtime of the test's own: its flags and settings, and one registry entry.
 
 
-def add_fake_flags(parser):
-    parser.add_argument_group("FakeBeast").add_argument("--fake_workers", type=int, default=3)
+@dataclasses.dataclass(frozen=True)
+class FakeSettings:
+    flags_group: ClassVar[str] = "FakeBeast"
 
-
-def fake_settings(flags):
-    return ("fake", flags.fake_workers)
+    fake_workers: int = flag(3, "Workers.", check="positive")
 
 
 def test_a_new_runtime_is_its_functions_and_one_registry_entry(monkeypatch):
@@ -113,13 +116,12 @@ def test_a_new_runtime_is_its_functions_and_one_registry_entry(monkeypatch):
 
     fake = registry.Runtime(
         "fake", "FakeBeast", "tests.test_structure", "FakeBeast: a test's runtime.",
-        add_flags="tests.test_structure:add_fake_flags",
-        settings="tests.test_structure:fake_settings",
+        settings="tests.test_structure:FakeSettings",
     )  # fmt: skip
     monkeypatch.setitem(registry.RUNTIMES, "fake", fake)
     parser = make_runtime_parser("fake")
     flags = parse_flags(["--fake_workers", "5", "--xpid", "x"], parser)
-    assert build_settings(flags, "fake").runtime == ("fake", 5)
+    assert build_settings(flags, "fake").runtime == FakeSettings(fake_workers=5)
     assert "FakeBeast, besides" in docs.readme_tables()["fakeflags"]
     assert "`--fake_workers`" in docs.readme_tables()["fakeflags"]
     bench = make_bench_parser(list(registry.RUNTIMES))

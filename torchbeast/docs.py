@@ -20,7 +20,7 @@ def readme_tables() -> dict[str, str]:
     for runtime in RUNTIMES.values():
         if runtime.flags_table is not None:
             tables[f"{runtime.name}flags"] = function(runtime.flags_table)()
-        elif runtime.add_flags is not None:
+        elif runtime.settings is not None:
             tables[f"{runtime.name}flags"] = runtime_reference(runtime.name)
     return tables
 

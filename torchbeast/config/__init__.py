@@ -1,4 +1,6 @@
-"""Configuration at the edge, free of torch and gRPC (PolyBeast's env side uses it):
-``flags`` and ``poly_flags`` declare the flag groups, ``parsers`` builds every entry
-point's parser from them, ``reference`` the README's flag tables, and ``settings`` turns
-parsed flags into the typed settings that ``core/`` takes."""
+"""Configuration at the edge, free of torch and gRPC (PolyBeast's env side uses it).
+Each setting is declared once, as a field of its settings class (``core.settings.flag``),
+and ``declared`` turns such fields into flags; ``flags`` and ``poly_flags`` gather them
+into the runtimes' flags, ``parsers`` builds every entry point's parser from them,
+``reference`` the README's flag tables, and ``settings`` turns parsed flags into the
+typed settings that ``core/`` takes."""

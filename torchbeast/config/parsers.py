@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from torchbeast.config.argparser import FlagParser
+from torchbeast.config.declared import add_declared_flags
 from torchbeast.config.flags import make_parser
 from torchbeast.config.poly_flags import add_env_flags
 from torchbeast.config.resolvers import resolve_num_buffers
@@ -15,10 +16,13 @@ from torchbeast.runtime.registry import RUNTIMES, function
 
 
 def add_runtime_flags(parser: argparse.ArgumentParser, runtime: str) -> None:
-    """The flags (and resolvers) of ``runtime``'s own, as its registry entry adds them."""
-    add_flags = RUNTIMES[runtime].add_flags
-    if add_flags is not None:
-        function(add_flags)(parser)
+    """The flags ``runtime``'s own settings declare, and what its registry entry derives
+    from them (resolvers, defaults)."""
+    entry = RUNTIMES[runtime]
+    if entry.settings is not None:
+        add_declared_flags(parser, function(entry.settings))
+    if entry.adjust_parser is not None:
+        function(entry.adjust_parser)(parser)
 
 
 def make_runtime_parser(runtime: str, description: str | None = None) -> argparse.ArgumentParser:

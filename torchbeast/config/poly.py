@@ -1,13 +1,17 @@
-"""PolyBeast's settings, kept free of torch and gRPC: env machines and env processes import
-them, and an env process receives a :class:`PolyEnvSettings` as it is (it pickles)."""
+"""PolyBeast's settings, each declared once as the flag it is (``core.settings.flag``), kept
+free of torch and gRPC: env machines and env processes import them, and an env process
+receives a :class:`PolyEnvSettings` as it is (it pickles)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 from dataclasses import dataclass
+from typing import ClassVar
 
-from torchbeast.config.env import env_settings, from_flags
+from torchbeast.config.declared import from_flags
+from torchbeast.config.env import env_settings
+from torchbeast.core.settings import flag
 from torchbeast.envs.settings import EnvSettings
 
 TOKEN_ENV_VAR = "TORCHBEAST_AUTH_TOKEN"  # where --auth_token is read from when not given
@@ -15,15 +19,31 @@ TOKEN_ENV_VAR = "TORCHBEAST_AUTH_TOKEN"  # where --auth_token is read from when 
 
 @dataclass(frozen=True)
 class NetworkSettings:
-    """Where the env servers are, and TLS and the shared token (the flags of the same names)."""
+    """Where the env servers are, and TLS and the shared token: every PolyBeast command's."""
 
-    pipes_basename: str = "unix:/tmp/polybeast"
-    num_servers: int = 4
-    env_servers: str | None = None
-    auth_token: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_ca: str | None = None
+    flags_group: ClassVar[str] = "PolyBeast: addresses, TLS and token"
+
+    pipes_basename: str = flag(
+        "unix:/tmp/polybeast",
+        "Basename for the env servers' addresses: BASENAME.0, BASENAME.1, ...",
+    )
+    num_servers: int = flag(4, "Number of environment servers.", metavar="N", check="positive")
+    env_servers: str | None = flag(
+        None,
+        "(new) Env server addresses, comma-separated, e.g. 127.0.0.1:4431,host2:4431 "
+        "(default: PIPES_BASENAME.0 .. PIPES_BASENAME.{num_servers-1}).",
+        metavar="ADDR,ADDR",
+    )
+    auth_token: str | None = flag(
+        None, f"(new) Shared secret every stream must present (default: ${TOKEN_ENV_VAR})."
+    )
+    tls_cert: str | None = flag(None, "(new) PEM certificate this side serves TLS with.")
+    tls_key: str | None = flag(None, "(new) PEM private key of --tls_cert.")
+    tls_ca: str | None = flag(
+        None,
+        "(new) PEM CA certificate: a client trusts servers signed by it (and dials with "
+        "TLS); a server with it also requires client certificates.",
+    )
 
     def server_addresses(self) -> list[str]:
         """--env_servers, or PIPES_BASENAME.i for each of --num_servers."""
@@ -34,44 +54,87 @@ class NetworkSettings:
 
 @dataclass(frozen=True)
 class PolyEnvSettings:
-    """What ``polybeast_env``'s processes do: its flags of the same names."""
+    """What ``polybeast_env``'s processes do."""
+
+    flags_group: ClassVar[str] = "Env servers and clients"
 
     env: EnvSettings
     network: NetworkSettings
-    connect: str | None = None
-    clients_per_process: int = 1
-    envs_per_stream: int = 1
-    client_steps: int = 0
-    max_streams: int = 256
+    connect: str | None = flag(
+        None,
+        "(new) Inverted mode: dial the learner at ADDRESS (its --serve) instead of serving.",
+        metavar="ADDRESS",
+    )
+    clients_per_process: int = flag(
+        1, "(new) Inverted mode: env clients (streams) per process.", check="positive"
+    )
+    envs_per_stream: int = flag(
+        1,
+        "(new) Environments one stream steps together (a vectorised env, batched "
+        "messages: less gRPC overhead per step).",
+        check="positive",
+    )
+    client_steps: int = flag(
+        0,
+        "(new) Inverted mode: a client leaves after this many steps (0: stays).",
+        check="nonnegative",
+    )
+    max_streams: int = flag(
+        256, "(new) Classic mode: most streams one env server serves at once.", check="positive"
+    )
 
 
 @dataclass(frozen=True)
 class PolySettings:
-    """The learner's PolyBeast flags of the same names, defaults resolved."""
+    """The learner's PolyBeast settings, defaults resolved (``resolve_learner_flags``)."""
+
+    flags_group: ClassVar[str] = "PolyBeast learner: env streams and inference"
 
     network: NetworkSettings
-    serve: str | None
-    max_clients: int
-    stream_timeout_s: float
-    stream_memory_mb: int
-    max_learner_queue_size: int
-    num_inference_threads: int
-    max_inference_batch_size: int
-    inference_timeout_ms: float
+    serve: str | None = flag(
+        None,
+        "(new) Inverted mode: serve env clients on ADDRESS (e.g. unix:/tmp/learner or "
+        "127.0.0.1:4431) instead of dialling env servers.",
+        metavar="ADDRESS",
+    )
+    max_clients: int = flag(
+        256, "(new) Inverted mode: most env clients connected at once.", check="positive"
+    )
+    stream_timeout_s: float = flag(
+        60.0,
+        "(new) Close an env stream that sends no Step for this long (a client must "
+        "also send its Hello within 10 s).",
+        check="positive",
+    )
+    stream_memory_mb: int | None = flag(
+        None,
+        "(new) Most memory all env streams' rollout buffers may take; a stream that "
+        "would exceed it is refused (default: a quarter of this machine's memory).",
+        metavar="MIB",
+        check="positive",
+    )
+    max_learner_queue_size: int | None = flag(
+        None,
+        "Most rollouts waiting for the learner (default: batch_size).",
+        metavar="N",
+        check="positive",
+    )
+    num_inference_threads: int = flag(
+        2, "Number of threads running batched inference.", metavar="N", check="positive"
+    )
+    max_inference_batch_size: int = flag(
+        512, "(new) Most env streams in one inference batch.", check="positive"
+    )
+    inference_timeout_ms: float = flag(
+        1.0,
+        "(new) Longest wait for more streams to join an inference batch.",
+        check="nonnegative",
+    )
 
 
 def poly_env_settings(flags: argparse.Namespace) -> PolyEnvSettings:
     """``polybeast_env``'s parsed command line, as its processes take it."""
-    return from_flags(
-        PolyEnvSettings,
-        flags,
-        env=env_settings(flags),
-        network=from_flags(NetworkSettings, flags),
-    )
-
-
-def poly_settings(flags: argparse.Namespace) -> PolySettings:
-    return from_flags(PolySettings, flags, network=from_flags(NetworkSettings, flags))
+    return from_flags(PolyEnvSettings, flags, env=env_settings(flags))
 
 
 def resolve_learner_flags(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:

@@ -10,30 +10,70 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
 
-from torchbeast.config.env import env_settings, from_flags
+from torchbeast.config.declared import from_flags
+from torchbeast.config.env import env_settings
 from torchbeast.config.poly import PolyEnvSettings
-from torchbeast.core.settings import LearnerSettings, ModelSettings
+from torchbeast.config.resolvers import DEFAULT_ENVS_PER_ACTOR
+from torchbeast.core.settings import (
+    LASER,
+    RUN,
+    TEST_AND_EVAL,
+    TRAINING,
+    LearnerSettings,
+    ModelSettings,
+    flag,
+)
 from torchbeast.envs.settings import EnvSettings
+
+MODES = ("train", "test", "test_render", "eval")
 
 
 @dataclass(frozen=True)
 class RunSettings:
-    """The run as a whole: where it writes, how long it trains, what it logs (the flags of
-    the same names)."""
+    """The run as a whole: where it writes, what it logs, what it runs on. (How long it
+    trains is the learner's ``total_steps``: its learning rate decays to 0 there.)"""
 
-    mode: str
-    savedir: str
-    xpid: str
-    total_steps: int
-    checkpoint_interval: float  # seconds
-    disable_checkpoint: bool
-    num_learner_threads: int
-    disable_cuda: bool
-    num_episodes: int  # test and eval modes
-    episodes_for_avg: int
-    suppress_logs: bool
+    flags_group: ClassVar[str] = TRAINING
+
+    mode: Literal[MODES] = flag(
+        "train",
+        "Training or test mode; eval (new) plays greedy episodes and writes their "
+        "statistics to eval.json.",
+        group=RUN,
+    )
+    xpid: str | None = flag(
+        None, "Experiment id (default: torchbeast-%%Y%%m%%d-%%H%%M%%S).", group=RUN
+    )
+    disable_checkpoint: bool = flag(False, "Disable saving checkpoint.")
+    savedir: str = flag("~/logs/torchbeast", "Root dir where experiment data will be saved.")
+    num_learner_threads: int = flag(
+        2, "Number learner threads.", metavar="N", check="positive", aliases=("--num_threads",)
+    )
+    disable_cuda: bool = flag(False, "Disable CUDA.")
+    checkpoint_interval: float = flag(
+        600.0, "(new) Seconds between checkpoints while training.", metavar="S", check="positive"
+    )
+    episodes_for_avg: int = flag(
+        0,
+        "(new) Print the mean return once N episodes have ended since the last one "
+        "printed (0: the last 100 episodes on every progress line).",
+        metavar="N",
+        check="nonnegative",
+    )
+    suppress_logs: bool = flag(
+        False,
+        "(new) Only progress lines (steps, SPS, time left, mean return, entropy) and "
+        "warnings on the console; out.log keeps everything.",
+    )
+    num_episodes: int = flag(
+        10,
+        "(new) Episodes to play in test and eval modes.",
+        metavar="N",
+        check="positive",
+        group=TEST_AND_EVAL,
+    )
     # Every flag as parsed and resolved, as meta.json and checkpoints record them.
     flags: tuple[tuple[str, object], ...] = ()
     # Where each flag's value came from (config.layers), as meta.json records it.
@@ -59,20 +99,64 @@ class RunSettings:
 
 @dataclass(frozen=True)
 class ReplaySettings:
-    """LASER's shared experience replay (``--replay_size`` 0: off)."""
+    """LASER's shared experience replay (``--replay_size`` 0: off); its trust region is
+    the learner's (``LearnerSettings.trust_region_threshold``)."""
 
-    replay_size: int
-    replay_ratio: int
-    learn_start: int
-    # (--trust_region_threshold is the learner's: LearnerSettings.)
+    flags_group: ClassVar[str] = LASER
+
+    replay_size: int = flag(
+        0,
+        "(new) Replay capacity in transitions, shared by all actors; 0 turns replay off.",
+        metavar="N",
+        check="nonnegative",
+    )
+    replay_ratio: int = flag(
+        1,
+        "(new) Replayed rollouts per online rollout in each learner batch: "
+        "B online + B*K replayed (7 is the paper's 87.5%% replay).",
+        metavar="K",
+        check="positive",
+    )
+    learn_start: int = flag(
+        10000,
+        "(new) Transitions in the replay before it is sampled (at most --replay_size).",
+        metavar="N",
+        check="nonnegative",
+    )
 
 
 @dataclass(frozen=True)
 class ActorSettings:
-    """How many actors (PolyBeast: env streams) step how many envs each."""
+    """How many actors (PolyBeast: env streams) step how many envs each, and (MonoBeast)
+    how many shared-memory buffers their rollouts go through. None until resolved
+    (``config.resolvers``)."""
 
-    num_actors: int
-    envs_per_actor: int
+    flags_group: ClassVar[str] = TRAINING
+
+    num_actors: int | None = flag(
+        None,
+        "Number of actors (default: half the machine's cores, at least 2 where it has "
+        "2; the run's log says which layout it chose).",
+        metavar="N",
+        check="positive",
+    )
+    envs_per_actor: int | None = flag(
+        None,
+        "(new) Environments each actor steps, with one batched forward pass for all "
+        f"(default: {DEFAULT_ENVS_PER_ACTOR}, so 2 x 8 on 2 cores and 8 x 8 on 16; "
+        "1 if only --num_actors is given, as in the original).",
+        metavar="N",
+        check="positive",
+    )
+    # Every runtime takes the flag, as the original's command lines give it; only those
+    # whose registry entry keeps shared-memory buffers resolve it (None elsewhere).
+    num_buffers: int | None = flag(
+        None,
+        "Number of shared-memory buffers "
+        "(default: max(2*num_actors*envs_per_actor, batch_size + num_actors*(envs_per_actor-1))).",
+        metavar="N",
+        check="positive",
+    )
     layout_source: str = ""  # who chose the layout: the flags, or the machine (for the log)
 
 
@@ -92,12 +176,12 @@ class Settings:
 
 
 def runtime_settings(flags: argparse.Namespace, runtime: str) -> Any:
-    """``runtime``'s own settings, as its registry entry builds them (None: it has none).
-    The registry is imported here: it names these settings in its type hints."""
+    """``runtime``'s own settings, of the class its registry entry names (None: it has
+    none). The registry is imported here: it names these settings in its type hints."""
     from torchbeast.runtime.registry import RUNTIMES, function
 
-    build = RUNTIMES[runtime].settings
-    return None if build is None else function(build)(flags)
+    settings_type = RUNTIMES[runtime].settings
+    return None if settings_type is None else from_flags(function(settings_type), flags)
 
 
 def build_settings(

@@ -16,14 +16,13 @@ declares its true return and true move as episode extras.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Mapping
 
 import gymnasium as gym
 
 import torchbeast.envs.riverraid as riverraid
-from torchbeast.config.values import finite_float
+from torchbeast.core.settings import flag
 from torchbeast.envs.batched import BatchedEnv
 from torchbeast.envs.family import EnvFamily, Preset
 from torchbeast.envs.registry import EnvError, gym_spec
@@ -127,10 +126,43 @@ SURVIVAL = Preset(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class AtariOptions:
+    """The Atari family's flags. A proxy flag left out is None, so that "none given" (train
+    on the game score) can be told apart from the defaults (``riverraid.RewardProxy``)."""
+
+    no_fire_on_life_loss: bool = flag(
+        False,
+        "(new) Do not press FIRE after a lost life (the original's wrappers do; "
+        "games such as Breakout and Riverraid wait for it).",
+    )
+    fuel_multiplier: float | None = flag(
+        None,
+        "(new) Riverraid proxy: M >= 0 makes fuel canisters worth 80*M; M < 0 is the "
+        "pacifist proxy (default 1: off). See the README's table of proxies.",
+        metavar="M",
+        check="finite",
+    )
+    move_penalty: float | None = flag(
+        None,
+        "(new) Riverraid proxy when --fuel_multiplier is 1: 10 per step alive, minus "
+        "P per sideways move (P >= 0) or plus P*(x-76)^2/20 (P < 0) (default 0).",
+        metavar="P",
+        check="finite",
+    )
+    true_move_penalty: float | None = flag(
+        None,
+        "(new) Riverraid: the move measure with Q, logged as the true move, "
+        "never trained on (default 0).",
+        metavar="Q",
+        check="finite",
+    )
+
+
 class AtariFamily(EnvFamily):
     name = "Atari"
     summary = "ale-py's Atari games, DeepMind preprocessing"
-    flag_names = ("no_fire_on_life_loss", *riverraid.PROXY_FLAGS)
+    options = AtariOptions
 
     def cannot_train(self, env_id: str) -> str | None:
         if gym_spec(env_id).kwargs.get("obs_type", "rgb") != "rgb":
@@ -145,41 +177,6 @@ class AtariFamily(EnvFamily):
 
     def takes(self, env_id: str, spec: gym.envs.registration.EnvSpec) -> bool:
         return spec.entry_point == ATARI_ENTRY_POINT
-
-    def add_flags(self, group: argparse._ArgumentGroup) -> None:
-        group.add_argument(
-            "--no_fire_on_life_loss",
-            action="store_true",
-            help="(new) Do not press FIRE after a lost life (the original's wrappers do; "
-            "games such as Breakout and Riverraid wait for it).",
-        )
-        # A proxy flag left out is None, so that "none given" (train on the game score) can
-        # be told apart from the defaults.
-        add = group.add_argument
-        add(
-            "--fuel_multiplier",
-            type=finite_float,
-            default=None,
-            metavar="M",
-            help="(new) Riverraid proxy: M >= 0 makes fuel canisters worth 80*M; M < 0 is the "
-            "pacifist proxy (default 1: off). See the README's table of proxies.",
-        )
-        add(
-            "--move_penalty",
-            type=finite_float,
-            default=None,
-            metavar="P",
-            help="(new) Riverraid proxy when --fuel_multiplier is 1: 10 per step alive, minus "
-            "P per sideways move (P >= 0) or plus P*(x-76)^2/20 (P < 0) (default 0).",
-        )
-        add(
-            "--true_move_penalty",
-            type=finite_float,
-            default=None,
-            metavar="Q",
-            help="(new) Riverraid: the move measure with Q, logged as the true move, "
-            "never trained on (default 0).",
-        )
 
     def presets(self, env_id: str, given: Mapping[str, object]) -> list[Preset]:
         proxy = riverraid.proxy_from_flags(given)

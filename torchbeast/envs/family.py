@@ -1,7 +1,7 @@
 """Environment families: what torchbeast knows about a kind of environment, in one place.
 
 A family says which ids it takes, how it makes N of them stepped together, the flags it
-adds (their own group in ``--help``), and its presets: settings that runs measured to
+adds (``options``, their own group in ``--help``), and its presets: settings that runs measured to
 learn, applied beneath the command line (``config.layers``). The built-in families are
 Atari (with Riverraid's reward proxies), MinAtar, PixelCue and, for every other id whose
 spaces torchbeast can train, Gymnasium's own (classic control and a user's ``module:Id``).
@@ -18,7 +18,7 @@ ids that a built-in family would also take.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import functools
 import importlib.metadata
 import logging
@@ -61,16 +61,22 @@ class EnvFamily:
 
     name = "Gymnasium"
     summary = "any other Gymnasium id with a Box observation and Discrete actions"
-    # The flags the family adds (argparse dests): their values reach its envs through
-    # ``EnvSettings.options``, and ``polybeast_env`` takes them too.
-    flag_names: tuple[str, ...] = ()
+    # The family's flags, declared once as the fields of a frozen dataclass made with
+    # ``core.settings.flag`` (None: it has none). They appear in their own group of
+    # --help, ``polybeast_env`` takes them too, and their values reach the family's envs
+    # through ``EnvSettings.options``.
+    options: type | None = None
+
+    @property
+    def flag_names(self) -> tuple[str, ...]:
+        """The names of the family's flags (``options``' fields)."""
+        if self.options is None:
+            return ()
+        return tuple(field.name for field in dataclasses.fields(self.options))
 
     def takes(self, env_id: str, spec: gym.envs.registration.EnvSpec) -> bool:
         """Whether this family makes ``env_id`` (its registered ``spec``)."""
         return True
-
-    def add_flags(self, group: argparse._ArgumentGroup) -> None:
-        """Adds the family's flags to its group of the parser."""
 
     def presets(self, env_id: str, given: Mapping[str, object]) -> list[Preset]:
         """The presets for ``env_id``, family-wide first, then the game's; ``given``: the

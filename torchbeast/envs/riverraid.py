@@ -29,6 +29,7 @@ game starts and when a life is taken.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -54,7 +55,6 @@ CANISTER_POINTS = 80  # the score of one fuel canister, which nothing else score
 FIRST_INPUT_FRAME = 80
 ALIVE_REWARD = 10.0
 CENTRE_X = 76
-PROXY_FLAGS = ("fuel_multiplier", "move_penalty", "true_move_penalty")
 # What a run on a proxy reports of each episode besides the proxy's return: the game's
 # score and the move measure (episode extra -> the key of each step's share in its info).
 EPISODE_EXTRAS = {"true_return": "true_reward", "true_move": "true_move"}
@@ -83,6 +83,10 @@ class RewardProxy:
             "deviate": f"10 per step alive, {self.move_penalty:g} * (x - 76)^2 / 20",
         }[self.kind]
         return f"{self.kind} proxy ({parameter}); true move penalty {self.true_move_penalty:g}"
+
+
+# The proxy flags (``envs.atari.AtariOptions`` declares them) are RewardProxy's fields.
+PROXY_FLAGS = tuple(field.name for field in dataclasses.fields(RewardProxy))
 
 
 def proxy_from_flags(flags: Mapping[str, object]) -> RewardProxy | None:

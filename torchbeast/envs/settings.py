@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
+
+from torchbeast.core.settings import RUN, flag
 
 
 @dataclass(frozen=True)
@@ -17,8 +20,15 @@ class EnvSettings:
     family's (the env id may come from a checkpoint later); a mapping is kept as sorted
     (name, value) pairs."""
 
-    env: str | None
-    seed: int | None = None
+    flags_group: ClassVar[str] = RUN
+
+    env: str | None = flag("PongNoFrameskip-v4", "Gymnasium environment id.")
+    seed: int | None = flag(
+        None,
+        "(new) Seed for the environments and the model (default: drawn at random in "
+        "training, and recorded in meta.json and the log, so that a run can be repeated).",
+        check="nonnegative",
+    )
     options: tuple[tuple[str, object], ...] | Mapping[str, object] = ()
 
     def __post_init__(self):

@@ -73,7 +73,7 @@ class ActorPool(Pool):
     ):
         """``learner_model``: the learner's model, whose device and weights central
         inference (``--central_inference``) takes."""
-        num_buffers = settings.runtime.num_buffers
+        num_buffers = settings.actors.num_buffers
         num_actors = settings.actors.num_actors
         self.envs_per_actor = settings.actors.envs_per_actor
         self.batch_size = settings.learner.batch_size

@@ -23,8 +23,9 @@ class Progress:
     """The episodes that ended lately and the update's figures, and the progress line made
     of them. ``record`` and ``print`` may run in different threads."""
 
-    def __init__(self, run: RunSettings, env_spec: EnvSpec):
+    def __init__(self, run: RunSettings, total_steps: int, env_spec: EnvSpec):
         self.run = run
+        self.total_steps = total_steps
         self.env_spec = env_spec
         self.lock = threading.Lock()
         self.last_stats: dict = {}  # the last update's figures
@@ -53,7 +54,7 @@ class Progress:
             return
         progress_log.info(
             "%s.%s Entropy %.2f nats.%s",
-            progress_text(step, self.run.total_steps, sps),
+            progress_text(step, self.total_steps, sps),
             mean_return,
             entropy,
             extras_text,

@@ -8,11 +8,12 @@ A runtime is a module with
 
 and a ``Trainer`` subclass (``runtime.training``) that learns its env spec, starts its
 pool (``runtime.pool.Pool``) and publishes weights. A runtime with flags of its own names
-the torch-free functions that add them to its parser and build its settings from them
-(the edge calls both: ``config.parsers``, ``config.settings``; the README's table of them
-is generated, ``docs``); one whose benchmark needs flags set for it (PolyBeast: its env
-servers) names the function that gives them. A new runtime is its package and one entry
-here: nothing in ``config`` names a runtime.
+the torch-free class of its settings, whose fields declare them (``core.settings.flag``:
+the edge adds them to its parser and builds the settings from them, ``config.parsers``,
+``config.settings``; the README's table of them is generated, ``docs``); one whose
+benchmark needs flags set for it (PolyBeast: its env servers) names the function that
+gives them. A new runtime is its package and one entry here: nothing in ``config``
+names a runtime.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def function(path: str) -> Callable:
-    """The function a "module:function" path names, its module imported."""
+    """The function (or class) a "module:name" path names, its module imported."""
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
 
@@ -40,17 +41,18 @@ class Runtime:
     title: str  # what people call it
     module: str  # imported on first use: it may need settings made before (Ray)
     description: str  # its parser's
-    # "module:function" (parser) that adds the runtime's own flags (and resolvers); and
-    # "module:function" (flags) -> the runtime's settings (Settings.runtime). Torch-free.
-    add_flags: str | None = None
+    # "module:Class" of the runtime's own settings (Settings.runtime), a frozen dataclass
+    # whose fields declare its flags; and "module:function" (parser) that adds what its
+    # flags derive (resolvers, other defaults). Torch-free.
     settings: str | None = None
+    adjust_parser: str | None = None
     # Whether rollouts live in --num_buffers shared-memory buffers (MonoBeast), so that the
     # flag is resolved and checked; the other runtimes accept it and ignore it.
     shared_memory_buffers: bool = False
     prepare: str | None = None  # "module:function" to call with the settings before import
     # "module:function" that returns the README's table of the runtime's own flags, between
     # the markers of table NAMEflags (config.reference.markers); None: the generated table
-    # of the flags add_flags adds.
+    # of the flags its settings declare.
     flags_table: str | None = None
     # "module:function" (flags, folder) -> {flag: value} that a benchmark run in the
     # temporary ``folder`` sets beyond the user's flags; None: none.
@@ -79,8 +81,7 @@ RUNTIMES = {
             "MonoBeast",
             "torchbeast.runtime.mono",
             "MonoBeast: IMPALA on one machine, actors in processes.",
-            add_flags="torchbeast.runtime.mono_settings:add_flags",
-            settings="torchbeast.runtime.mono_settings:settings",
+            settings="torchbeast.runtime.mono_settings:MonoSettings",
             shared_memory_buffers=True,
         ),
         Runtime(
@@ -88,8 +89,8 @@ RUNTIMES = {
             "PolyBeast",
             "torchbeast.runtime.poly.trainer",
             "PolyBeast learner: IMPALA with environments as gRPC peers.",
-            add_flags="torchbeast.config.poly_flags:add_runtime_flags",
-            settings="torchbeast.config.poly:poly_settings",
+            settings="torchbeast.config.poly:PolySettings",
+            adjust_parser="torchbeast.config.poly_flags:adjust_learner_parser",
             flags_table="torchbeast.config.reference:poly_reference",
             bench_flags="torchbeast.runtime.poly.trainer:bench_flags",
         ),
@@ -98,8 +99,7 @@ RUNTIMES = {
             "RayBeast",
             "torchbeast.runtime.ray.trainer",
             "RayBeast: IMPALA with Ray actors, on one machine or a Ray cluster.",
-            add_flags="torchbeast.runtime.ray.settings:add_flags",
-            settings="torchbeast.runtime.ray.settings:settings",
+            settings="torchbeast.runtime.ray.settings:RaySettings",
             prepare="torchbeast.runtime.ray.prepare:prepare_environment",
         ),
     )

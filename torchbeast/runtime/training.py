@@ -58,6 +58,7 @@ class Trainer:
         (PolyBeast: the learner's checkpoint or the first env stream may name it)."""
         self.settings = settings
         self.run = run = settings.run
+        self.total_steps = settings.learner.total_steps
         self.env_spec = env_spec
         self.config = model_config(settings.model, self.env_spec.observation_shape)
         # Before any thread of this process runs an op.
@@ -81,7 +82,7 @@ class Trainer:
         self.checkpoint = RunCheckpoint(
             settings, env_spec, self.config, self.learner, checkpoint.path_in(run.run_dir)
         )
-        self.progress = Progress(run, env_spec)
+        self.progress = Progress(run, self.total_steps, env_spec)
         self.stop_requested = threading.Event()
         self.failure: BaseException | None = None
         # Updates (and logging them, so that logs.csv keeps step order) one at a time.
@@ -119,7 +120,7 @@ class Trainer:
 
     def learner_thread(self, pool: Pool, writer: FileWriter) -> None:
         try:
-            while self.learner.step < self.run.total_steps and not self.stop_requested.is_set():
+            while self.learner.step < self.total_steps and not self.stop_requested.is_set():
                 # In the order batches leave the pool, so that the replay sees each env
                 # stream's rollouts in order and stores their shared steps once.
                 with self.batch_order_lock:
@@ -215,11 +216,11 @@ class Trainer:
         # The env id as resolved (a PolyBeast learner may learn it from its first stream).
         env = dataclasses.replace(self.settings.env, env=env_id)
         envs.log_training_reward(env, self.settings.learner.reward_clipping)
-        if self.learner.step >= run.total_steps:
+        if self.learner.step >= self.total_steps:
             log.info(
                 "Already trained to %d steps (--total_steps %d).",
                 self.learner.step,
-                run.total_steps,
+                self.total_steps,
             )
             writer.close()
             return self.progress.last_stats
@@ -254,7 +255,9 @@ class Trainer:
             signal.signal(signal.SIGTERM, previous_handler)
             signal.signal(signal.SIGINT, previous_interrupt)
             successful = (
-                self.learner.step >= run.total_steps and self.failure is None and pool.error is None
+                self.learner.step >= self.total_steps
+                and self.failure is None
+                and pool.error is None
             )
             if successful:
                 log.info("Learning finished after %d steps.", self.learner.step)
