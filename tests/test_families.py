@@ -141,6 +141,9 @@ def test_a_config_file_sits_above_the_presets_and_beneath_the_command_line(tmp_p
         ("batch_size = -3", "batch_size = -3:"),
         ("batch_size = [1, 2]", "a flag takes one value"),
         ("batch_size = ", "not valid TOML"),
+        # A file's strings are bounded and escaped where a line shows them.
+        ('"a\\nb" = 1', "'a\\nb' is no flag of this command"),
+        (f'torso = "{"x" * 100_000}"', "(100000 chars): 'xxxx"),
     ],
 )  # fmt: skip
 def test_a_wrong_config_file_is_one_line_naming_the_file_and_the_key(tmp_path, text, fragment):
@@ -150,6 +153,7 @@ def test_a_wrong_config_file_is_one_line_naming_the_file_and_the_key(tmp_path, t
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"--config {config}:" in lines[0] and fragment in lines[0], lines
+    assert len(lines[0]) < 1000
     assert not (tmp_path / "latest").exists()  # nothing started
 
 

@@ -207,14 +207,16 @@ def test_hello_round_trips_the_names_of_the_episode_extras():
 
 def test_a_step_without_an_episode_extra_its_hello_named_is_refused():
     message = codec.step_message(env_step(num_envs=1, spec=COINS), ("coins",))
-    with pytest.raises(codec.ProtocolError, match=r"\['coins'\] are not the Hello's"):
+    with pytest.raises(
+        codec.ProtocolError, match="extras 'coins' are not the Hello's 'coins, gems'"
+    ):
         codec.read_step(message, COINS, 1, codec.max_step_bytes(COINS, 1))
 
 
 def test_a_step_with_an_episode_extra_its_hello_did_not_name_is_refused():
     message = codec.step_message(env_step(num_envs=1, spec=COINS), COINS.episode_extras)
     plain = dataclasses.replace(COINS, episode_extras=())
-    with pytest.raises(codec.ProtocolError, match=r"\['coins', 'gems'\] are not the Hello's \[\]"):
+    with pytest.raises(codec.ProtocolError, match="extras 'coins, gems' are not the Hello's none"):
         codec.read_step(message, plain, 1, codec.max_step_bytes(plain, 1))
 
 

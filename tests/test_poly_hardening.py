@@ -459,3 +459,55 @@ def test_a_stream_over_the_memory_budget_is_refused(pong_learner):
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "--stream_memory_mb" in error.details()
     assert pong_learner.learner.poll() is None
+
+
+# --------------------------------------------------------------------------- 9. a peer's strings
+
+HUGE = "x" * 2**20
+FORGED = "ok\n[WARNING:1 2026-01-01 00:00:00,000] FORGED"
+
+
+def streams_carrying(text: str) -> dict[str, list[pb.EnvMessage]]:
+    """One stream per string field of the protocol, with ``text`` in that field."""
+
+    def hello() -> pb.EnvMessage:
+        return codec.hello("strings", CARTPOLE)
+
+    def step() -> pb.EnvMessage:
+        return step_of(np.zeros((1, 4), np.float32))
+
+    streams = {name: [hello()] for name in ("client_id", "env_id", "dtype", "episode_extras")}
+    streams["client_id"][0].hello.client_id = text
+    streams["env_id"][0].hello.env_id = text
+    streams["dtype"][0].hello.observation_spec.dtype = text
+    streams["episode_extras"][0].hello.episode_extras.append(text)
+    for name in ("step dtype", "step map key", "step episode_extras"):
+        streams[name] = [hello(), step()]
+    streams["step dtype"][1].step.observation.array.dtype = text
+    observation = streams["step map key"][1].step.observation
+    observation.map[text].CopyFrom(pb.ArrayNest(array=observation.array))
+    observation.ClearField("array")
+    streams["step episode_extras"][1].step.episode_extras[text].values.append(0.0)
+    return streams
+
+
+@pytest.mark.parametrize("text", [HUGE, FORGED], ids=["1 MiB", "newline"])
+def test_a_peers_strings_reach_the_log_and_its_status_bounded_and_escaped(cartpole_run, text):
+    for field, messages in streams_carrying(text).items():
+        error = bad_stream(cartpole_run.address, messages, token=None)
+        details = error.details()
+        assert error.code() in (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.FAILED_PRECONDITION,
+        ), (field, error.code(), details[:300])
+        assert len(details) < 1000 and "\n" not in details, field
+        assert "xxx" not in details or "(1048576 chars)" in details, field
+    time.sleep(1)  # the last refusal's line
+    lines = cartpole_run.output().splitlines()
+    assert max(len(line) for line in lines) < 1000
+    assert not any(line.startswith("[WARNING:1 2026-01-01") for line in lines)
+    if text == HUGE:
+        assert any("(1048576 chars)" in line for line in lines)
+    else:
+        assert any("'ok\\n[WARNING:1 2026-01-01" in line for line in lines)
+    cartpole_run.assert_still_trains()

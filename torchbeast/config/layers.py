@@ -20,6 +20,7 @@ from collections.abc import Mapping
 import tomllib
 
 from torchbeast.config.argparser import did_you_mean
+from torchbeast.core.errors import shown
 from torchbeast.envs.family import Preset, family_of
 from torchbeast.envs.registry import EnvError
 
@@ -95,11 +96,15 @@ def read_config_file(path: str, parser: argparse.ArgumentParser) -> dict:
         name = key.replace("-", "_")
         if name not in actions or name in ("config", "print_settings"):
             near = did_you_mean(f"--{name}", options)
-            parser.error(f"--config {path}: {key!r} is no flag of this command{near}")
+            parser.error(f"--config {path}: {shown(key)} is no flag of this command{near}")
         try:
             values[name] = file_value(actions[name], value)
         except ValueError as error:
-            parser.error(f"--config {path}: {key} = {value!r}: {error}")
+            shown_value = (
+                shown(value) if isinstance(value, str) else shown(repr(value), quote=False)
+            )
+            reason = shown(error, quote=False)
+            parser.error(f"--config {path}: {key} = {shown_value}: {reason}")
     return values
 
 

@@ -6,3 +6,26 @@ from __future__ import annotations
 
 class UserError(Exception):
     """A problem the user must fix (a flag, a file, an address); the message says how."""
+
+
+SHOWN_CHARS = 200  # the most of a string not ours that a log line or a message carries
+
+
+def shown(text: object, limit: int = SHOWN_CHARS, quote: bool = True) -> str:
+    """A string this program did not choose (a peer's, a file's), as a log line or an
+    error message may carry it: quoted, unprintable characters escaped (``\\n``, ``\\x1b``:
+    it cannot forge a log line), and at most ``limit`` characters of it, with its length
+    said where it is cut (``'xxxx…' (1048576 chars)``). ``quote``: False for a text that
+    needs no quotes (a value's repr)."""
+    text = str(text)
+    pieces, length = [], 0
+    for char in text[:limit]:
+        piece = char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+        if length + len(piece) > limit:
+            break
+        pieces.append(piece)
+        length += len(piece)
+    mark = "'" if quote else ""
+    if len(pieces) == len(text):
+        return f"{mark}{''.join(pieces)}{mark}"
+    return f"{mark}{''.join(pieces)}…{mark} ({len(text)} chars)"

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from torchbeast.core.errors import shown
+
 # The rollout's own per-episode columns (episode_return, ...): no extra may take their names.
 RESERVED_EXTRA_NAMES = frozenset(("return", "step", "end"))
 MAX_EXTRA_NAME_LENGTH = 64
@@ -58,11 +60,11 @@ def _extras_problem(names: tuple[str, ...]) -> str | None:
             and len(name) <= MAX_EXTRA_NAME_LENGTH
         ):
             return (
-                f"episode extra {name!r} is not a name of at most {MAX_EXTRA_NAME_LENGTH} "
+                f"episode extra {shown(name)} is not a name of at most {MAX_EXTRA_NAME_LENGTH} "
                 "ASCII letters, digits and underscores"
             )
         if name in RESERVED_EXTRA_NAMES:
-            return f"episode extra {name!r} would clash with the rollout's episode_{name}"
+            return f"episode extra {shown(name)} would clash with the rollout's episode_{name}"
     if len(set(names)) != len(names):
-        return f"episode extras {list(names)} name one figure twice"
+        return f"episode extras {shown(', '.join(names))} name one figure twice"
     return None

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from torchbeast.core.errors import shown
 from torchbeast.core.spec import STORED_DTYPES, EnvSpec, extra_key
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 
@@ -34,7 +35,8 @@ class ProtocolError(ValueError):
 
 def _little_endian(name: str) -> np.dtype:
     if name not in DTYPES:
-        raise ProtocolError(f"dtype {name!r} is not allowed (allowed: {', '.join(sorted(DTYPES))})")
+        allowed = ", ".join(sorted(DTYPES))
+        raise ProtocolError(f"dtype {shown(name)} is not allowed (allowed: {allowed})")
     return np.dtype(name).newbyteorder("<")
 
 
@@ -50,7 +52,7 @@ def decode_array(
     received_dtype = _little_endian(message.dtype)
     received_shape = tuple(message.shape)
     if dtype is not None and received_dtype.name != np.dtype(dtype).name:
-        raise ProtocolError(f"dtype {message.dtype} does not match the expected {dtype}")
+        raise ProtocolError(f"dtype {received_dtype.name} does not match the expected {dtype}")
     if shape is not None and received_shape != tuple(shape):
         raise ProtocolError(
             f"shape {list(received_shape)} does not match the expected {list(shape)}"
@@ -60,7 +62,7 @@ def decode_array(
     expected_bytes = math.prod(received_shape) * received_dtype.itemsize
     if len(message.data) != expected_bytes:
         raise ProtocolError(
-            f"array of shape {list(received_shape)} and dtype {message.dtype} needs "
+            f"array of shape {list(received_shape)} and dtype {received_dtype.name} needs "
             f"{expected_bytes} bytes, got {len(message.data)}"
         )
     return np.frombuffer(message.data, dtype=received_dtype).reshape(received_shape)
@@ -121,7 +123,8 @@ def parse_env_message(data: bytes) -> pb.EnvMessage | Undecodable:
 
 def check_decoded(message: pb.EnvMessage | Undecodable) -> pb.EnvMessage:
     if isinstance(message, Undecodable):
-        raise ProtocolError(f"a message could not be parsed as an EnvMessage ({message.error})")
+        reason = shown(message.error)
+        raise ProtocolError(f"a message could not be parsed as an EnvMessage ({reason})")
     return message
 
 
@@ -237,12 +240,17 @@ def read_step(
     return fields, observation
 
 
+def names_text(names: list[str]) -> str:
+    """A peer's names as a message shows them: bounded and escaped (``shown``), or none."""
+    return shown(", ".join(names)) if names else "none"
+
+
 def read_episode_extras(step: pb.Step, spec: EnvSpec, num_envs: int) -> dict[str, np.ndarray]:
     """``episode_<name>`` -> [num_envs] float32 of each episode extra the Hello named."""
     if sorted(step.episode_extras) != sorted(spec.episode_extras):
         raise ProtocolError(
-            f"a Step's episode extras {sorted(step.episode_extras)} are not the Hello's "
-            f"{sorted(spec.episode_extras)}"
+            f"a Step's episode extras {names_text(sorted(step.episode_extras))} are not the "
+            f"Hello's {names_text(sorted(spec.episode_extras))}"
         )
     extras = {}
     for name in spec.episode_extras:

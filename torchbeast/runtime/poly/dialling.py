@@ -9,6 +9,7 @@ import queue
 
 import grpc
 
+from torchbeast.core.errors import shown
 from torchbeast.runtime.poly import codec
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly.env_streams import EnvStreams
@@ -45,7 +46,7 @@ def dial(
         except grpc.RpcError as error:
             code = error.code()
             if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                pool.fail(f"env server {address} refused the learner: {error.details()}")
+                pool.fail(f"env server {address} refused the learner: {shown(error.details())}")
             reason = code.name
         except codec.ProtocolError as error:
             reason = f"it sent a bad stream: {error}"

@@ -26,6 +26,7 @@ import numpy as np
 
 from torchbeast import envs
 from torchbeast.config.poly import PolyEnvSettings
+from torchbeast.core.errors import shown
 from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
@@ -179,7 +180,7 @@ def run_client(
             if error.code() in FATAL_CODES:
                 failures.append(
                     f"the learner at {settings.connect} refused {client_id}: "
-                    f"{error.code().name}: {error.details()}"
+                    f"{error.code().name}: {shown(error.details())}"
                 )
                 stop.set()
                 break

@@ -9,6 +9,7 @@ import time
 
 import grpc
 
+from torchbeast.core.errors import shown
 from torchbeast.runtime.poly import codec
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
@@ -76,7 +77,7 @@ class LearnerServicer(pb_grpc.LearnerServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is stopping")
         except Exception as error:  # not the client's fault: say so, keep the traceback here
             log.exception("Serving a stream from %s failed.", context.peer())
-            context.abort(grpc.StatusCode.INTERNAL, f"the learner failed: {error!r}")
+            context.abort(grpc.StatusCode.INTERNAL, f"the learner failed: {shown(repr(error))}")
 
 
 def add_learner_servicer(server: grpc.Server, servicer: LearnerServicer) -> None:
