@@ -114,6 +114,37 @@ def test_a_second_run_resumes_from_the_checkpoint(tmp_path):
     assert logged_steps(tmp_path) == list(range(40, 801, 40))
 
 
+def test_a_fresh_run_sets_an_earlier_runs_files_aside_instead_of_appending(tmp_path, caplog):
+    first = make_flags(tmp_path, "--total_steps", "400", "--disable_checkpoint")
+    InProcessTrainer(first).train()
+    (tmp_path / "run" / "eval.json").write_text("{}")
+    InProcessTrainer(make_flags(tmp_path, "--total_steps", "200", "--disable_checkpoint")).train()
+    # This run's logs hold only its own rows, under one header.
+    assert logged_steps(tmp_path) == list(range(40, 201, 40))
+    assert (tmp_path / "run" / "logs.csv").read_text().count("#") == 1
+    assert not (tmp_path / "run" / "eval.json").exists()
+    # The earlier run's files are whole, in one folder the log names.
+    (earlier,) = (tmp_path / "run" / "earlier").iterdir()
+    with open(earlier / "logs.csv") as f:
+        assert [int(line.split(",")[2]) for line in f if line[0] != "#"] == [
+            40,
+            80,
+            120,
+            160,
+            200,
+            240,
+            280,
+            320,
+            360,
+            400,
+        ]
+    assert {"meta.json", "out.log", "fields.csv", "eval.json"} <= {
+        p.name for p in earlier.iterdir()
+    }
+    assert any(p.name.startswith("events.out.tfevents.") for p in earlier.iterdir())
+    assert f"moved them to {earlier}" in (tmp_path / "run" / "out.log").read_text()
+
+
 def test_a_pool_error_stops_the_run_with_its_message_and_keeps_a_checkpoint(tmp_path):
     trainer = InProcessTrainer(make_flags(tmp_path, "--total_steps", "4000"), fail_after=5)
     with pytest.raises(TrainingError, match="actor 0 failed: the environment broke"):

@@ -2,8 +2,10 @@
 
 The layout is TorchBeast's: ``logs.csv`` starts with a ``# ``-commented header line and has
 one row per learner update; a resumed run appends (with a new header line if the fields
-changed). ``meta.json`` holds flags, times, versions and the git commit, never the
-process environment, which may hold secrets.
+changed). A run that starts afresh where another run left its files (no checkpoint to
+resume: ``--disable_checkpoint``, or a deleted model.tar) moves them into
+``earlier/<time>/`` first, so that no curve mixes two runs. ``meta.json`` holds flags,
+times, versions and the git commit, never the process environment, which may hold secrets.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from importlib import metadata
 log = logging.getLogger("torchbeast")
 
 VERSIONED_PACKAGES = ("torch", "numpy", "gymnasium", "ale-py", "torchbeast")
+# What a run leaves in its folder besides its checkpoint and the files FileWriter names.
+EARLIER_RUN_FILES = ("eval.json",)
+TENSORBOARD_PREFIX = "events.out.tfevents."
 
 
 def versions() -> dict[str, str | None]:
@@ -57,7 +62,10 @@ class FileWriter:
         flags: Mapping[str, object],
         tensorboard: bool = True,
         sources: Mapping[str, str] | None = None,
+        resuming: bool = False,
     ):
+        """``resuming``: the run goes on from its checkpoint, and appends to its files;
+        otherwise another run's files in the folder are set aside (``set_aside``)."""
         self.directory = os.path.join(savedir, xpid)
         os.makedirs(self.directory, exist_ok=True)
         self._link_latest(savedir, xpid)
@@ -65,12 +73,20 @@ class FileWriter:
             name: os.path.join(self.directory, name)
             for name in ("logs.csv", "fields.csv", "meta.json", "out.log")
         }
+        set_aside = None if resuming else self.set_aside_earlier_run()
 
         self._file_handler = logging.FileHandler(self.paths["out.log"])
         self._file_handler.setFormatter(
             logging.Formatter("[%(levelname)s:%(process)d %(asctime)s] %(message)s")
         )
         log.addHandler(self._file_handler)
+        if set_aside is not None:
+            log.warning(
+                "%s held the files of an earlier run and no checkpoint to resume from: moved "
+                "them to %s, so that this run's logs start afresh.",
+                self.directory,
+                set_aside,
+            )
 
         now = datetime.datetime.now().isoformat()
         previous = self._read_previous_meta()
@@ -95,6 +111,24 @@ class FileWriter:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tensorboard = SummaryWriter(log_dir=self.directory)
+
+    def set_aside_earlier_run(self) -> str | None:
+        """Moves an earlier run's files (logs, meta.json, out.log, TensorBoard events,
+        eval.json) into ``earlier/<time>/`` of the folder; returns that folder, or None if
+        there were none."""
+        names = sorted(
+            name
+            for name in os.listdir(self.directory)
+            if name in (*EARLIER_RUN_FILES, *self.paths) or name.startswith(TENSORBOARD_PREFIX)
+        )
+        if not names:
+            return None
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+        folder = os.path.join(self.directory, "earlier", stamp)
+        os.makedirs(folder)
+        for name in names:
+            os.replace(os.path.join(self.directory, name), os.path.join(folder, name))
+        return folder
 
     def _read_previous_meta(self) -> dict:
         try:

@@ -192,7 +192,11 @@ class Trainer:
         resumed = self.checkpoint.resume_if_possible(self.device)  # before any run file
         setup_console_logging()
         writer = FileWriter(
-            run.savedir, run.xpid, run.recorded_flags(env_id), sources=dict(run.sources)
+            run.savedir,
+            run.xpid,
+            run.recorded_flags(env_id),
+            sources=dict(run.sources),
+            resuming=resumed,
         )
         if resumed:
             log.info("Resuming from %s at step %d.", self.checkpoint.path, self.learner.step)
