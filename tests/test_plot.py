@@ -270,3 +270,34 @@ def test_column_that_no_run_logged_is_one_line_naming_the_logged_ones(tmp_path, 
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "--column mean_episode_true_return" in err and "baseline_loss" in err
+
+
+# --------------------------------------------------------------------------- light logs
+
+COMMITTED = Path(__file__).parents[1] / "docs/runs/cartpole_check_defaults_run1.logs.csv.gz"
+
+
+def test_a_light_log_keeps_every_episode_and_the_curve_in_one_row_per_span(tmp_path):
+    from torchbeast import lightlog
+    from torchbeast.learncheck import mean_of_last_episodes
+
+    full = curves.read_logs(COMMITTED)
+    out = tmp_path / "light.logs.csv.gz"
+    lightlog.main([str(COMMITTED), str(out), "--every_steps", "10000"])
+    light = curves.read_logs(out)
+    assert light.keys() == full.keys()
+    assert light["step"].size == math.ceil(full["step"][-1] / 10_000)
+    assert np.all(np.diff(light["step"]) > 0) and light["step"][-1] == full["step"][-1]
+    # Every episode is counted once, and the mean over all of them is kept.
+    assert light["episodes"].sum() == np.nansum(full["episodes"])
+
+    def overall_mean(logs):
+        weights = np.where(np.isfinite(logs["mean_episode_return"]), logs["episodes"], 0)
+        return np.nansum(logs["mean_episode_return"] * weights) / weights.sum()
+
+    assert overall_mean(light) == pytest.approx(overall_mean(full))
+    # The mean of the last episodes at a span's end reads as from the full log.
+    assert mean_of_last_episodes(light, 100) == pytest.approx(
+        mean_of_last_episodes(full, 100), abs=5
+    )
+    assert out.stat().st_size < 40_000
