@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.test_monobeast import read_rows
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.settings import Settings, build_settings
 from torchbeast.core import rollout
@@ -112,6 +113,21 @@ def test_a_second_run_resumes_from_the_checkpoint(tmp_path):
     assert resumed.learner.step == 800
     assert resumed.pool_made.batches == 10  # only the steps that were left
     assert logged_steps(tmp_path) == list(range(40, 801, 40))
+
+
+def test_a_resumed_run_learns_with_the_flags_it_is_given_and_says_which_changed(tmp_path):
+    InProcessTrainer(make_flags(tmp_path, "--total_steps", "400")).train()
+    given = ("--total_steps", "800", "--learning_rate", "0.01", "--rmsprop_init", "0")
+    InProcessTrainer(make_flags(tmp_path, *given)).train()
+    rows = read_rows(tmp_path / "run" / "logs.csv")
+    resumed = [row for row in rows if float(row["step"]) > 400]
+    # The schedule goes on from step 400 of 800 at the new rate: 0.01 x (1 - 440/800)
+    # after the first update, where the checkpoint's rate would give 0.0007 x that.
+    assert float(resumed[0]["learning_rate"]) == pytest.approx(0.01 * (1 - 440 / 800))
+    lines = (tmp_path / "run" / "out.log").read_text().splitlines()
+    (line,) = [line for line in lines if "settings other than the checkpoint's" in line]
+    assert "--total_steps 800 (was 400), --learning_rate 0.01 (was 0.0007): this run uses" in line
+    assert "--rmsprop_init 0.0 (was 1.0): only a new run starts from them, no effect" in line
 
 
 def test_a_fresh_run_sets_an_earlier_runs_files_aside_instead_of_appending(tmp_path, caplog):

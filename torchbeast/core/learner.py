@@ -34,7 +34,7 @@ from torch import nn
 from torchbeast.core.diagnostics import diagnostics, masked_mean
 from torchbeast.core.loss_terms import LossTerms, loss_terms
 from torchbeast.core.models import CoreState
-from torchbeast.core.optim import lr_lambda, make_optimizer
+from torchbeast.core.optim import apply_settings, lr_lambda, make_optimizer
 from torchbeast.core.settings import LearnerSettings
 from torchbeast.core.spec import extra_key
 from torchbeast.core.value_scale import ValueScale
@@ -314,6 +314,7 @@ class Learner:
         self.model.load_state_dict(state["model_state_dict"])
         self.optimizer.load_state_dict(state["optimizer_state_dict"])
         self.scheduler.load_state_dict(state["scheduler_state_dict"])
+        apply_settings(self.optimizer, self.scheduler, self.settings)  # not the saved ones
         self.step = int(state["step"])
         self.updates = int(state.get("updates", 0))
         if "value_scale" in state:

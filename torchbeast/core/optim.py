@@ -47,6 +47,31 @@ def make_optimizer(settings: LearnerSettings, model: nn.Module) -> torch.optim.O
     return optimizer
 
 
+def apply_settings(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    settings: LearnerSettings,
+) -> None:
+    """The run's learning rate and optimizer constants on an optimizer and schedule just
+    loaded from a checkpoint, whose state dicts bring back the values they were saved with:
+    a resumed run learns with the flags it was given (the schedule's position, the running
+    averages and the step counts stay the checkpoint's)."""
+    for group in optimizer.param_groups:
+        if settings.optimizer == "adam":
+            group["eps"] = settings.adam_epsilon
+        else:
+            group.update(eps=settings.epsilon, alpha=settings.alpha, momentum=settings.momentum)
+            for param in group["params"]:
+                state = optimizer.state[param]
+                if settings.momentum > 0 and state and "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(param)
+    scheduler.base_lrs = [settings.learning_rate] * len(optimizer.param_groups)
+    factor = lr_lambda(settings)(scheduler.last_epoch)
+    for group in optimizer.param_groups:
+        group["lr"] = settings.learning_rate * factor
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
 def _start_mean_square(optimizer: torch.optim.RMSprop, value: float) -> None:
     """Starts RMSprop's running mean square of each gradient at ``value``, as TensorFlow's
     RMSProp (IMPALA's optimizer) does, instead of PyTorch's 0.

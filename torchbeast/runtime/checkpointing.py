@@ -3,6 +3,7 @@ run) and saving the learner's state into it with what the run was trained with."
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -18,6 +19,48 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("torchbeast")
 
+# Settings that shape only what a new run starts from: a resumed run's model and optimizer
+# state come from its checkpoint.
+ONLY_AT_START = ("weight_init", "rmsprop_init")
+
+
+def learning_settings(settings: Settings) -> dict[str, object]:
+    """The run's settings that shape what it learns, by flag name: the learner's (loss,
+    optimizer, batch shape, length), the replay's, the model's starting weights and the env
+    family's options (e.g. a reward proxy)."""
+    values: dict[str, object] = dict(settings.env.options)
+    for part in (settings.learner, settings.replay, settings.model):
+        values.update(
+            (field.name, getattr(part, field.name))
+            for field in dataclasses.fields(part)
+            if "flag" in field.metadata
+        )
+    return values
+
+
+def changes_line(saved_flags: dict, settings: Settings) -> str | None:
+    """The line that says which settings of a resumed run differ from those its checkpoint
+    was trained with, and what becomes of them; None where none differ."""
+    changed = {
+        name: (saved_flags[name], value)
+        for name, value in learning_settings(settings).items()
+        if name in saved_flags and saved_flags[name] != value
+    }
+    if not changed:
+        return None
+
+    def listed(names: list[str]) -> str:
+        return ", ".join(f"--{name} {changed[name][1]} (was {changed[name][0]})" for name in names)
+
+    applied = [name for name in changed if name not in ONLY_AT_START]
+    ignored = [name for name in changed if name in ONLY_AT_START]
+    parts = []
+    if applied:
+        parts.append(f"{listed(applied)}: this run uses them")
+    if ignored:
+        parts.append(f"{listed(ignored)}: only a new run starts from them, no effect")
+    return "Resumed with settings other than the checkpoint's: " + "; ".join(parts) + "."
+
 
 class RunCheckpoint:
     """A training run's checkpoint at ``path``: the learner's state, resumed from and
@@ -32,6 +75,7 @@ class RunCheckpoint:
         self.config = config
         self.learner = learner
         self.path = path
+        self.changes: str | None = None  # after a resume: the settings the command changed
 
     def resume_if_possible(self, device: torch.device) -> bool:
         """Loads model.tar of this xpid if there is one; refuses one of another run."""
@@ -49,6 +93,7 @@ class RunCheckpoint:
                 f"checkpoint {self.path} does not fit this run's model ({first_line}): "
                 "use the environment and flags it was trained with, or another --xpid"
             ) from None
+        self.changes = changes_line(state.get("flags", {}), self.settings)
         return True
 
     def save(self) -> None:

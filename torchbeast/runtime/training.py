@@ -200,6 +200,8 @@ class Trainer:
         )
         if resumed:
             log.info("Resuming from %s at step %d.", self.checkpoint.path, self.learner.step)
+            if self.checkpoint.changes:
+                log.warning("%s", self.checkpoint.changes)
         log.info(
             "Training %s on %s: %s model, %d parameters, learner on %s.",
             run.xpid,
