@@ -178,6 +178,19 @@ def test_recent_returns_are_those_of_the_episodes_that_ended(tmp_path):
     assert all(8 <= ret <= 200 for ret in trainer.progress.recent_returns)
 
 
+def test_a_resumed_run_goes_on_with_the_checkpoints_episode_window(tmp_path):
+    first = InProcessTrainer(make_flags(tmp_path, "--total_steps", "2000"))
+    first.train()
+    window = list(first.progress.recent_returns)
+    assert len(window) > 20
+    resumed = InProcessTrainer(make_flags(tmp_path, "--total_steps", "4000"))
+    assert resumed.checkpoint.resume_if_possible(resumed.device)
+    assert list(resumed.progress.recent_returns) == window  # not "last 0 episodes" again
+    resumed.train()
+    out_log = (tmp_path / "run" / "out.log").read_text()
+    assert "Not restored from the checkpoint: the episodes in progress" in out_log
+
+
 def test_an_envs_episode_extras_are_logged_and_printed_by_name(tmp_path):
     flags = make_flags(tmp_path, "--env", "tests.envs_for_tests:Coins-v0", "--total_steps", "400")
     trainer = InProcessTrainer(flags)

@@ -16,12 +16,25 @@ if TYPE_CHECKING:
     from torchbeast.config.settings import Settings
     from torchbeast.core.learner import Learner
     from torchbeast.core.spec import EnvSpec
+    from torchbeast.runtime.progress import Progress
 
 log = logging.getLogger("torchbeast")
 
 # Settings that shape only what a new run starts from: a resumed run's model and optimizer
 # state come from its checkpoint.
 ONLY_AT_START = ("weight_init", "rmsprop_init")
+
+
+def not_restored_line(replays: bool) -> str:
+    """What a resumed run does not get back from its checkpoint, for its log."""
+    parts = [
+        "the episodes in progress (each env starts a new one)",
+        "the random generators' states",
+    ]
+    if replays:
+        parts.insert(0, "LASER's replay (it starts empty: on-policy batches until it holds "
+                     "--learn_start transitions)")  # fmt: skip
+    return "Not restored from the checkpoint: " + ", ".join(parts) + "."
 
 
 def learning_settings(settings: Settings) -> dict[str, object]:
@@ -67,9 +80,16 @@ class RunCheckpoint:
     saved to with what the run trains on (env, spec, model, flags)."""
 
     def __init__(
-        self, settings: Settings, env_spec: EnvSpec, config: dict, learner: Learner, path: str
+        self,
+        settings: Settings,
+        env_spec: EnvSpec,
+        config: dict,
+        learner: Learner,
+        progress: Progress,
+        path: str,
     ):
         self.settings = settings
+        self.progress = progress
         self.run = settings.run
         self.env_spec = env_spec
         self.config = config
@@ -94,6 +114,7 @@ class RunCheckpoint:
                 "use the environment and flags it was trained with, or another --xpid"
             ) from None
         self.changes = changes_line(state.get("flags", {}), self.settings)
+        self.progress.load_state_dict(state.get("progress", {}))
         return True
 
     def save(self) -> None:
@@ -106,6 +127,7 @@ class RunCheckpoint:
                 env=self.env_spec.env_id,
                 env_spec=checkpoint.spec_state(self.env_spec),
                 model_config=self.config,
+                progress=self.progress.state_dict(),
             )
             log.info("Saving checkpoint to %s (step %d)", self.path, self.learner.step)
             checkpoint.save(self.path, state)

@@ -33,6 +33,28 @@ class Progress:
         self.returns_since_mean: list[float] = []  # with --episodes_for_avg
         self.recent_extras: collections.deque[tuple[float, ...]] = collections.deque(maxlen=100)
 
+    def state_dict(self) -> dict:
+        """The episode window the progress line averages, for the checkpoint."""
+        with self.lock:
+            return {
+                "recent_returns": list(self.recent_returns),
+                "recent_extras": [list(extras) for extras in self.recent_extras],
+            }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Goes on from a checkpoint's window (extras only where the env reports the same
+        number of them)."""
+        with self.lock:
+            self.recent_returns.clear()
+            self.recent_extras.clear()
+            self.recent_returns.extend(float(value) for value in state.get("recent_returns", []))
+            count = len(self.env_spec.episode_extras)
+            self.recent_extras.extend(
+                tuple(float(value) for value in extras)
+                for extras in state.get("recent_extras", [])
+                if len(extras) == count
+            )
+
     def record(
         self, stats: dict, returns: list[float], extras: list[tuple[float, ...]] = ()
     ) -> None:

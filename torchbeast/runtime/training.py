@@ -33,7 +33,7 @@ from torchbeast.core.replay import Replay
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs.family import flag_text
-from torchbeast.runtime.checkpointing import RunCheckpoint
+from torchbeast.runtime.checkpointing import RunCheckpoint, not_restored_line
 from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.layout import limit_learner_threads
 from torchbeast.runtime.pool import Pool
@@ -79,10 +79,15 @@ class Trainer:
             on_update=self.publish,
             episode_extras=env_spec.episode_extras,
         )
-        self.checkpoint = RunCheckpoint(
-            settings, env_spec, self.config, self.learner, checkpoint.path_in(run.run_dir)
-        )
         self.progress = Progress(run, self.total_steps, env_spec)
+        self.checkpoint = RunCheckpoint(
+            settings,
+            env_spec,
+            self.config,
+            self.learner,
+            self.progress,
+            checkpoint.path_in(run.run_dir),
+        )
         self.stop_requested = threading.Event()
         self.failure: BaseException | None = None
         # Updates (and logging them, so that logs.csv keeps step order) one at a time.
@@ -202,6 +207,7 @@ class Trainer:
             log.info("Resuming from %s at step %d.", self.checkpoint.path, self.learner.step)
             if self.checkpoint.changes:
                 log.warning("%s", self.checkpoint.changes)
+            log.info("%s", not_restored_line(self.replay is not None))
         log.info(
             "Training %s on %s: %s model, %d parameters, learner on %s.",
             run.xpid,
