@@ -29,3 +29,18 @@ def shown(text: object, limit: int = SHOWN_CHARS, quote: bool = True) -> str:
     if len(pieces) == len(text):
         return f"{mark}{''.join(pieces)}{mark}"
     return f"{mark}{''.join(pieces)}…{mark} ({len(text)} chars)"
+
+
+class RunFolderError(UserError, OSError):
+    """A file of the run's folder could not be written (a full disk, a folder gone)."""
+
+
+def write_failure(error: BaseException) -> str:
+    """Why a write failed, in the OS's words ("No space left on device"), also where torch
+    wraps the OSError in an error of its own."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror
+        seen = seen.__cause__ or seen.__context__
+    return shown(str(error).strip().splitlines()[0] if str(error).strip() else repr(error))

@@ -17,9 +17,12 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from importlib import metadata
+
+from torchbeast.core.errors import RunFolderError, write_failure
 
 log = logging.getLogger("torchbeast")
 
@@ -75,7 +78,7 @@ class FileWriter:
         }
         set_aside = None if resuming else self.set_aside_earlier_run()
 
-        self._file_handler = logging.FileHandler(self.paths["out.log"])
+        self._file_handler = RunLogHandler(self.paths["out.log"])
         self._file_handler.setFormatter(
             logging.Formatter("[%(levelname)s:%(process)d %(asctime)s] %(message)s")
         )
@@ -104,12 +107,15 @@ class FileWriter:
         self._write_meta()
 
         self.fieldnames: list[str] = []
+        if resuming:
+            self._drop_partial_row()
         self._tick = self._count_rows()  # a resumed run continues the tick count
         self._logs_file = open(self.paths["logs.csv"], "a", newline="")  # noqa: SIM115
         self._tensorboard = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
+            quiet_tensorboard_write_failures()
             self._tensorboard = SummaryWriter(log_dir=self.directory)
 
     def set_aside_earlier_run(self) -> str | None:
@@ -137,6 +143,18 @@ class FileWriter:
         except (OSError, ValueError):
             return {}
 
+    def _drop_partial_row(self) -> None:
+        """Cuts a last row that a failed write (a full disk) left unfinished, so that the
+        resumed run's rows start on a line of their own."""
+        try:
+            with open(self.paths["logs.csv"], "rb+") as f:
+                data = f.read()
+                if data and not data.endswith(b"\n"):
+                    f.truncate(data.rfind(b"\n") + 1)
+                    log.warning("logs.csv ended in an unfinished row (a failed write): cut it.")
+        except FileNotFoundError:
+            pass
+
     def _count_rows(self) -> int:
         try:
             with open(self.paths["logs.csv"]) as f:
@@ -156,37 +174,109 @@ class FileWriter:
 
     def _write_meta(self) -> None:
         tmp_path = self.paths["meta.json"] + ".tmp"
-        with open(tmp_path, "w") as f:
-            json.dump(self.meta, f, indent=2, sort_keys=True, default=str)
-        os.replace(tmp_path, self.paths["meta.json"])
+        try:
+            with open(tmp_path, "w") as f:
+                json.dump(self.meta, f, indent=2, sort_keys=True, default=str)
+            os.replace(tmp_path, self.paths["meta.json"])
+        except BaseException:
+            if os.path.exists(tmp_path):
+                os.unlink(tmp_path)
+            raise
 
     def log(self, stats: dict) -> None:
-        """Appends one row to logs.csv and the same scalars to TensorBoard."""
+        """Appends one row to logs.csv and the same scalars to TensorBoard. A row that
+        cannot be written raises RunFolderError (the run stops and keeps its checkpoint);
+        TensorBoard, a copy of the same figures, is given up with one warning."""
         row = {"_tick": self._tick, "_time": time.time(), **stats}
         self._tick += 1
-        new_fields = [key for key in row if key not in self.fieldnames]
-        if new_fields:
-            self.fieldnames += new_fields
-            with open(self.paths["fields.csv"], "w") as f:
-                f.write(",".join(self.fieldnames) + "\n")
-            self._logs_file.write("# " + ",".join(self.fieldnames) + "\n")
-        writer = csv.DictWriter(self._logs_file, fieldnames=self.fieldnames, restval="")
-        writer.writerow({key: _cell(value) for key, value in row.items()})
-        self._logs_file.flush()
+        try:
+            new_fields = [key for key in row if key not in self.fieldnames]
+            if new_fields:
+                self.fieldnames += new_fields
+                with open(self.paths["fields.csv"], "w") as f:
+                    f.write(",".join(self.fieldnames) + "\n")
+                self._logs_file.write("# " + ",".join(self.fieldnames) + "\n")
+            writer = csv.DictWriter(self._logs_file, fieldnames=self.fieldnames, restval="")
+            writer.writerow({key: _cell(value) for key, value in row.items()})
+            self._logs_file.flush()
+        except OSError as error:
+            raise RunFolderError(
+                f"cannot write {self.paths['logs.csv']} ({write_failure(error)})"
+            ) from None
         if self._tensorboard is not None and "step" in stats:
-            for key, value in stats.items():
-                if key != "step" and isinstance(value, (int, float)) and value == value:
-                    self._tensorboard.add_scalar(key, value, stats["step"])
+            try:
+                for key, value in stats.items():
+                    if key != "step" and isinstance(value, (int, float)) and value == value:
+                        self._tensorboard.add_scalar(key, value, stats["step"])
+            except Exception as error:  # its writer thread's failure surfaces here
+                log.warning(
+                    "TensorBoard's events in %s could not be written (%s): no more are; "
+                    "logs.csv holds the same figures.",
+                    self.directory,
+                    write_failure(error),
+                )
+                self._close_tensorboard()
+
+    def _close_tensorboard(self) -> None:
+        tensorboard, self._tensorboard = self._tensorboard, None
+        try:
+            tensorboard.close()
+        except Exception:  # already said why it failed
+            pass
 
     def close(self, successful: bool = True) -> None:
+        """Records the end in meta.json and closes every file; where the folder cannot
+        be written any more (a full disk), says so once and closes the rest."""
         self.meta["date_end"] = datetime.datetime.now().isoformat()
         self.meta["successful"] = successful
-        self._write_meta()
-        self._logs_file.close()
+        for name, close in (
+            ("meta.json", self._write_meta),
+            ("logs.csv", self._logs_file.close),
+        ):
+            try:
+                close()
+            except OSError as error:
+                log.warning("Could not finish %s (%s).", name, write_failure(error))
         if self._tensorboard is not None:
-            self._tensorboard.close()
+            self._close_tensorboard()
         log.removeHandler(self._file_handler)
         self._file_handler.close()
+
+
+def quiet_tensorboard_write_failures() -> None:
+    """TensorBoard writes its events in a thread of its own, which ends with a traceback on
+    stderr where a write fails (a full disk); FileWriter.log says it in one line instead,
+    when the failure surfaces in the next add_scalar."""
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not (isinstance(args.thread, _AsyncWriterThread) and issubclass(args.exc_type, OSError)):
+            previous(args)
+
+    hook.quiets_tensorboard = True
+    threading.excepthook = hook
+
+
+class RunLogHandler(logging.FileHandler):
+    """out.log. A record it cannot write is said once on stderr (the console keeps every
+    line), not with a traceback per record as logging's handler does."""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        if not self.failed:
+            self.failed = True
+            error = sys.exc_info()[1]
+            reason = write_failure(error) if error is not None else "unknown"
+            print(
+                f"torchbeast: cannot write {self.baseFilename} ({reason}): the console "
+                "keeps the log.",
+                file=sys.stderr,
+            )
 
 
 def _cell(value: object) -> object:

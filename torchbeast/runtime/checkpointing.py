@@ -9,6 +9,7 @@ import os
 from typing import TYPE_CHECKING
 
 from torchbeast.core import checkpoint
+from torchbeast.core.errors import RunFolderError, write_failure
 
 if TYPE_CHECKING:
     import torch
@@ -96,6 +97,7 @@ class RunCheckpoint:
         self.learner = learner
         self.path = path
         self.changes: str | None = None  # after a resume: the settings the command changed
+        self.saved_step: int | None = None  # the step the checkpoint on disk holds
 
     def resume_if_possible(self, device: torch.device) -> bool:
         """Loads model.tar of this xpid if there is one; refuses one of another run."""
@@ -115,6 +117,7 @@ class RunCheckpoint:
             ) from None
         self.changes = changes_line(state.get("flags", {}), self.settings)
         self.progress.load_state_dict(state.get("progress", {}))
+        self.saved_step = self.learner.step
         return True
 
     def save(self) -> None:
@@ -130,4 +133,16 @@ class RunCheckpoint:
                 progress=self.progress.state_dict(),
             )
             log.info("Saving checkpoint to %s (step %d)", self.path, self.learner.step)
-            checkpoint.save(self.path, state)
+            try:
+                checkpoint.save(self.path, state)
+            except (OSError, RuntimeError) as error:  # torch wraps a failed write in its own
+                raise RunFolderError(
+                    f"cannot write the checkpoint {self.path} ({write_failure(error)})"
+                ) from None
+            self.saved_step = self.learner.step
+
+    def on_disk(self) -> str:
+        """What the checkpoint on disk holds, for the line that stops a run."""
+        if self.saved_step is None:
+            return "no checkpoint could be written"
+        return f"the checkpoint {self.path} holds step {self.saved_step}"

@@ -25,7 +25,7 @@ from torch import nn
 from torchbeast import envs
 from torchbeast.config.settings import ReplaySettings, Settings
 from torchbeast.core import checkpoint, rollout
-from torchbeast.core.errors import UserError
+from torchbeast.core.errors import RunFolderError, UserError
 from torchbeast.core.filewriter import FileWriter
 from torchbeast.core.learner import Learner, NonFiniteLossError
 from torchbeast.core.models import count_parameters, create_model, model_config
@@ -262,10 +262,12 @@ class Trainer:
             request_stop()
             for thread in threads:
                 thread.join()
-            self.checkpoint.save()
-            pool.stop()
-            signal.signal(signal.SIGTERM, previous_handler)
-            signal.signal(signal.SIGINT, previous_interrupt)
+            try:
+                self.save_checkpoint()
+            finally:  # the actors stop whatever became of the checkpoint
+                pool.stop()
+                signal.signal(signal.SIGTERM, previous_handler)
+                signal.signal(signal.SIGINT, previous_interrupt)
             successful = (
                 self.learner.step >= self.total_steps
                 and self.failure is None
@@ -281,6 +283,12 @@ class Trainer:
         if isinstance(self.failure, NonFiniteLossError):
             raise TrainingError(
                 f"stopped: {self.failure}. The checkpoint keeps the last good weights."
+            )
+        if isinstance(self.failure, RunFolderError):
+            raise TrainingError(
+                f"{self.failure}: stopped at step {self.learner.step}; "
+                f"{self.checkpoint.on_disk()}. Free space (or fix the folder) and run the "
+                "same command to resume."
             )
         if self.failure is not None:
             raise self.failure
@@ -301,8 +309,23 @@ class Trainer:
                 self.progress.print(step, sps)
                 last_time, last_step = now, step
             if now - last_checkpoint >= self.run.checkpoint_interval:
-                self.checkpoint.save()
+                if not self.save_checkpoint():
+                    return
                 last_checkpoint = now
+
+    def save_checkpoint(self) -> bool:
+        """Saves the checkpoint; where the folder cannot take it (a full disk), the run
+        stops (the first failure is the one said) and the previous checkpoint stays whole.
+        A run that cannot checkpoint would lose at its end all it learnt since: stopping
+        costs at most the time to free space and run the same command again."""
+        try:
+            self.checkpoint.save()
+            return True
+        except RunFolderError as error:
+            if self.failure is None:
+                self.failure = error
+            self.stop_requested.set()
+            return False
 
 
 def check_replay_fits(replay: ReplaySettings, env_spec: EnvSpec, unroll_length: int) -> None:

@@ -1,0 +1,61 @@
+"""A run whose folder fills up: it stops with one line and a whole checkpoint, and the same
+command resumes it once there is space. The folder is a real, small tmpfs that the test
+mounts (it needs root, as CI has)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+import torch
+
+from tests.test_monobeast import SMALL_RUN, monobeast
+from torchbeast.curves import read_logs
+
+# 300 KiB fill up after ~20K CartPole steps (logs.csv, TensorBoard, five checkpoints).
+RUN = [*SMALL_RUN, "--xpid", "r", "--total_steps", "60000", "--checkpoint_interval", "2"]
+
+
+def mount(folder, size: str, remount: bool = False) -> None:
+    options = f"remount,size={size}" if remount else f"size={size}"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    try:
+        mount(disk, "300k")
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_stops_the_run_with_one_line_and_the_same_command_resumes(small_disk):
+    full = monobeast(small_disk, *RUN)
+    assert full.returncode == 1, full.stderr[-2000:]
+    lines = full.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in full.stdout, full.stderr[-2000:]
+    # Whichever write fails first (logs.csv or the checkpoint) is the one said.
+    assert re.match(
+        r"error: cannot write (the checkpoint )?\S+ \(No space left on device\): stopped", lines[0]
+    )
+    assert "Free space (or fix the folder) and run the same command to resume." in lines[0]
+    saved = int(re.search(r"model\.tar holds step (\d+)", lines[0]).group(1))
+    state = torch.load(small_disk / "r" / "model.tar", weights_only=True)  # whole
+    assert state["step"] == saved > 0
+    # TensorBoard and out.log failures are said once each, not once per update.
+    assert full.stdout.count("TensorBoard's events") <= 1
+    assert full.stderr.count("cannot write") + full.stdout.count("cannot write") == 1
+
+    mount(small_disk, "16m", remount=True)
+    resumed = monobeast(small_disk, *RUN)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"Resuming from {small_disk / 'r' / 'model.tar'} at step {saved}." in resumed.stdout
+    logs = read_logs(small_disk / "r" / "logs.csv")  # a row cut by the full disk was dropped
+    assert logs["step"][-1] >= 60000
