@@ -301,3 +301,15 @@ def test_a_light_log_keeps_every_episode_and_the_curve_in_one_row_per_span(tmp_p
         mean_of_last_episodes(full, 100), abs=5
     )
     assert out.stat().st_size < 40_000
+
+
+def test_a_light_log_of_a_log_without_episode_counts_weighs_rows_alike(tmp_path):
+    from torchbeast import lightlog
+
+    plain = tmp_path / "logs.csv"
+    plain.write_text("# step,mean_episode_return\n5,1\n10,3\n15,\n20,8\n")
+    light = lightlog.thin(curves.read_logs(plain), 10)
+    np.testing.assert_array_equal(light["step"], [10, 20])
+    np.testing.assert_array_equal(light["mean_episode_return"], [2, 8])
+    with pytest.raises(SystemExit):
+        lightlog.main([str(plain), str(tmp_path / "out.csv"), "--every_steps", "0"])

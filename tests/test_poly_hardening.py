@@ -491,6 +491,14 @@ def streams_carrying(text: str) -> dict[str, list[pb.EnvMessage]]:
     return streams
 
 
+def test_a_hello_of_a_hundred_thousand_dimensions_is_refused_in_a_short_line(cartpole_run):
+    many = EnvSpec("CartPole-v1", (1,) * 100_000, np.dtype("float32"), 2)
+    error = bad_stream(cartpole_run.address, [codec.hello("dims", many)], token=None)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "an observation of 100000 dimensions is not allowed (at most 8)" in error.details()
+    cartpole_run.assert_still_trains()
+
+
 @pytest.mark.parametrize("text", [HUGE, FORGED], ids=["1 MiB", "newline"])
 def test_a_peers_strings_reach_the_log_and_its_status_bounded_and_escaped(cartpole_run, text):
     for field, messages in streams_carrying(text).items():

@@ -16,6 +16,7 @@ from torchbeast.config.parsers import make_env_parser, make_learner_parser
 from torchbeast.config.poly import poly_env_settings
 from torchbeast.config.settings import build_settings, env_side_of
 from torchbeast.core import checkpoint
+from torchbeast.envs.settings import EnvSettings
 from torchbeast.runtime.poly.trainer import learner_spec
 
 CORE = Path(__file__).resolve().parent.parent / "torchbeast" / "core"
@@ -181,3 +182,20 @@ def test_a_declared_check_refuses_what_the_flag_refuses(capsys):
         assert rule in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown check 'even'"):
         flag(2, "A setting.", check="even")
+
+
+def test_a_flag_declared_by_two_settings_is_refused():
+    from torchbeast.config.argparser import FlagParser
+    from torchbeast.config.declared import add_declared_flags
+    from torchbeast.core.settings import RUN, flag
+
+    @dataclasses.dataclass(frozen=True)
+    class Mine:
+        flags_group = RUN
+        env: str = flag("Mine-v0", "Another --env.")
+
+    parser = FlagParser()
+    add_declared_flags(parser, EnvSettings)
+    add_declared_flags(parser, EnvSettings)  # the same declaration again: one flag
+    with pytest.raises(ValueError, match="--env is declared by two settings"):
+        add_declared_flags(parser, Mine)

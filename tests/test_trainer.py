@@ -130,6 +130,15 @@ def test_a_resumed_run_learns_with_the_flags_it_is_given_and_says_which_changed(
     assert "--rmsprop_init 0.0 (was 1.0): only a new run starts from them, no effect" in line
 
 
+def test_a_resumed_run_with_another_batch_size_goes_on_with_the_rate_of_its_steps(tmp_path):
+    InProcessTrainer(make_flags(tmp_path, "--total_steps", "400")).train()  # 4 x 10 steps
+    InProcessTrainer(make_flags(tmp_path, "--total_steps", "800", "--batch_size", "8")).train()
+    rows = read_rows(tmp_path / "run" / "logs.csv")
+    first = next(row for row in rows if float(row["step"]) > 400)
+    assert float(first["step"]) == 480  # one update of 8 x 10 steps after step 400
+    assert float(first["learning_rate"]) == pytest.approx(0.0007 * (1 - 480 / 800))
+
+
 def test_a_fresh_run_sets_an_earlier_runs_files_aside_instead_of_appending(tmp_path, caplog):
     first = make_flags(tmp_path, "--total_steps", "400", "--disable_checkpoint")
     InProcessTrainer(first).train()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from torchbeast.config.values import positive_int
 from torchbeast.curves import read_logs
 
 LAST_OF_SPAN = ("_tick", "_time", "step")
@@ -31,12 +32,15 @@ def thin(logs: dict[str, np.ndarray], every_steps: int) -> dict[str, np.ndarray]
     """``logs`` (``read_logs``' columns) with one row per span of ``every_steps`` steps."""
     steps = logs["step"]
     keep = np.isfinite(steps)
+    if not keep.any():
+        raise ValueError("the log has no rows with a step")
     logs = {name: values[keep] for name, values in logs.items()}
     span = np.ceil(logs["step"] / every_steps)
     # Consecutive rows of one span form a group (a resumed run's rows follow its own).
     starts = np.flatnonzero(np.r_[True, span[1:] != span[:-1]])
     ends = np.r_[starts[1:], span.size]
-    episodes = np.nan_to_num(logs.get("episodes", np.zeros(span.size)))
+    # Logs without an episode count (the original's) weigh each row alike.
+    episodes = np.nan_to_num(logs["episodes"]) if "episodes" in logs else np.ones(span.size)
     light: dict[str, list[float]] = {name: [] for name in logs}
     for start, end in zip(starts, ends, strict=True):
         count = episodes[start:end]
@@ -74,11 +78,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("logs", help="a run's folder or its logs.csv (or a .gz copy)")
     parser.add_argument("out", help="the light log to write (.gz: gzipped)")
     parser.add_argument(
-        "--every_steps", type=int, default=10_000, help="agent steps per row (default: 10000)"
+        "--every_steps",
+        type=positive_int,
+        default=10_000,
+        help="agent steps per row (default: 10000)",
     )
     args = parser.parse_args(argv)
     full = read_logs(args.logs)
-    light = thin(full, args.every_steps)
+    try:
+        light = thin(full, args.every_steps)
+    except ValueError as error:
+        parser.exit(2, f"lightlog: error: {args.logs}: {error}\n")
     write_logs(light, args.out)
     size = Path(args.out).stat().st_size
     print(f"{args.out}: {light['step'].size} rows from {full['step'].size}, {size / 1024:.0f} KiB")

@@ -9,11 +9,15 @@ import dataclasses
 import functools
 import types
 import typing
+import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
 
 from torchbeast.config import values
 from torchbeast.core.settings import Flag
+
+# Each parser's flags added from declarations: name -> the Flag that declared it.
+_added: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 # (the field's type, its check) -> the parser's value type, which refuses other values.
 VALUE_TYPES = {
@@ -107,14 +111,17 @@ def add_declared_flags(
     parser: argparse.ArgumentParser, settings_type: type, group: str | None = None
 ) -> None:
     """Adds the flags ``settings_type`` declares to their groups (``declared_flags``), but
-    those the parser has already (settings that several commands' classes hold, such as
-    the env's)."""
-    known = {action.dest for action in parser._actions}
+    those the parser has from the same declaration already (settings that several
+    commands' classes hold, such as the env's); a name declared twice is refused."""
+    added = _added.setdefault(parser, {})
     for declared in declared_flags(settings_type, group):
-        if declared.name in known:
+        if declared.name in added:
+            if added[declared.name] is not declared.flag:
+                raise ValueError(f"--{declared.name} is declared by two settings")
             continue
         names, kwargs = declared.argument()
         group_of(parser, declared.group).add_argument(*names, **kwargs)
+        added[declared.name] = declared.flag
 
 
 def from_flags(settings_type, parsed: argparse.Namespace, /, **given):

@@ -35,6 +35,16 @@ class RunFolderError(UserError, OSError):
     """A file of the run's folder could not be written (a full disk, a folder gone)."""
 
 
+def os_error_in(error: BaseException) -> OSError | None:
+    """The OSError behind ``error`` (itself, or what it was raised from or during)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def write_failure(error: BaseException) -> str:
     """Why a write failed, in the OS's words ("No space left on device"), also where torch
     wraps the OSError in an error of its own."""

@@ -268,10 +268,13 @@ class RunLogHandler(logging.FileHandler):
     failed = False
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):  # a bad format string: logging's own report
+            super().handleError(record)
+            return
         if not self.failed:
             self.failed = True
-            error = sys.exc_info()[1]
-            reason = write_failure(error) if error is not None else "unknown"
+            reason = write_failure(error)
             print(
                 f"torchbeast: cannot write {self.baseFilename} ({reason}): the console "
                 "keeps the log.",

@@ -314,8 +314,8 @@ class Learner:
         self.model.load_state_dict(state["model_state_dict"])
         self.optimizer.load_state_dict(state["optimizer_state_dict"])
         self.scheduler.load_state_dict(state["scheduler_state_dict"])
-        apply_settings(self.optimizer, self.scheduler, self.settings)  # not the saved ones
         self.step = int(state["step"])
+        apply_settings(self.optimizer, self.scheduler, self.settings, self.step)
         self.updates = int(state.get("updates", 0))
         if "value_scale" in state:
             self.value_scale.load_state_dict(state["value_scale"])

@@ -51,11 +51,13 @@ def apply_settings(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LambdaLR,
     settings: LearnerSettings,
+    steps_done: int,
 ) -> None:
     """The run's learning rate and optimizer constants on an optimizer and schedule just
     loaded from a checkpoint, whose state dicts bring back the values they were saved with:
-    a resumed run learns with the flags it was given (the schedule's position, the running
-    averages and the step counts stay the checkpoint's)."""
+    a resumed run learns with the flags it was given, its rate where ``steps_done`` of
+    ``--total_steps`` put it (also with another batch shape than the checkpoint's); the
+    running averages stay the checkpoint's."""
     for group in optimizer.param_groups:
         if settings.optimizer == "adam":
             group["eps"] = settings.adam_epsilon
@@ -66,6 +68,8 @@ def apply_settings(
                 if settings.momentum > 0 and state and "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(param)
     scheduler.base_lrs = [settings.learning_rate] * len(optimizer.param_groups)
+    # The schedule counts updates of T x B steps: as many as this batch shape needs.
+    scheduler.last_epoch = round(steps_done / (settings.unroll_length * settings.batch_size))
     factor = lr_lambda(settings)(scheduler.last_epoch)
     for group in optimizer.param_groups:
         group["lr"] = settings.learning_rate * factor

@@ -9,7 +9,7 @@ import os
 from typing import TYPE_CHECKING
 
 from torchbeast.core import checkpoint
-from torchbeast.core.errors import RunFolderError, write_failure
+from torchbeast.core.errors import RunFolderError, os_error_in, write_failure
 
 if TYPE_CHECKING:
     import torch
@@ -136,6 +136,8 @@ class RunCheckpoint:
             try:
                 checkpoint.save(self.path, state)
             except (OSError, RuntimeError) as error:  # torch wraps a failed write in its own
+                if os_error_in(error) is None:
+                    raise
                 raise RunFolderError(
                     f"cannot write the checkpoint {self.path} ({write_failure(error)})"
                 ) from None

@@ -89,7 +89,8 @@ class Trainer:
             checkpoint.path_in(run.run_dir),
         )
         self.stop_requested = threading.Event()
-        self.failure: BaseException | None = None
+        self.failure: BaseException | None = None  # the first, which the run says
+        self.failure_lock = threading.Lock()
         # Updates (and logging them, so that logs.csv keeps step order) one at a time.
         self.update_lock = threading.Lock()
         # Wall-clock seconds spent in updates (and logging them): how busy the learner is.
@@ -160,8 +161,7 @@ class Trainer:
             # Done: the other learner threads may be waiting for rollouts that never come.
             self.stop_requested.set()
         except BaseException as error:  # surfaced by the main thread, not swallowed
-            self.failure = error
-            self.stop_requested.set()
+            self.record_failure(error)
 
     def drop_batch(
         self,
@@ -264,20 +264,20 @@ class Trainer:
                 thread.join()
             try:
                 self.save_checkpoint()
-            finally:  # the actors stop whatever became of the checkpoint
+            finally:  # the actors stop and the files close whatever became of the checkpoint
                 pool.stop()
                 signal.signal(signal.SIGTERM, previous_handler)
                 signal.signal(signal.SIGINT, previous_interrupt)
-            successful = (
-                self.learner.step >= self.total_steps
-                and self.failure is None
-                and pool.error is None
-            )
-            if successful:
-                log.info("Learning finished after %d steps.", self.learner.step)
-            elif self.failure is None and pool.error is None:
-                log.info("Stopped at step %d.", self.learner.step)
-            writer.close(successful)
+                successful = (
+                    self.learner.step >= self.total_steps
+                    and self.failure is None
+                    and pool.error is None
+                )
+                if successful:
+                    log.info("Learning finished after %d steps.", self.learner.step)
+                elif self.failure is None and pool.error is None:
+                    log.info("Stopped at step %d.", self.learner.step)
+                writer.close(successful)
         if pool.error is not None:
             raise TrainingError(pool.error)
         if isinstance(self.failure, NonFiniteLossError):
@@ -285,10 +285,11 @@ class Trainer:
                 f"stopped: {self.failure}. The checkpoint keeps the last good weights."
             )
         if isinstance(self.failure, RunFolderError):
+            again = "resume" if self.checkpoint.saved_step is not None else "start again"
             raise TrainingError(
                 f"{self.failure}: stopped at step {self.learner.step}; "
                 f"{self.checkpoint.on_disk()}. Free space (or fix the folder) and run the "
-                "same command to resume."
+                f"same command to {again}."
             )
         if self.failure is not None:
             raise self.failure
@@ -322,10 +323,15 @@ class Trainer:
             self.checkpoint.save()
             return True
         except RunFolderError as error:
+            self.record_failure(error)
+            return False
+
+    def record_failure(self, error: BaseException) -> None:
+        """Stops the run for ``error``; where several threads fail, the first is said."""
+        with self.failure_lock:
             if self.failure is None:
                 self.failure = error
-            self.stop_requested.set()
-            return False
+        self.stop_requested.set()
 
 
 def check_replay_fits(replay: ReplaySettings, env_spec: EnvSpec, unroll_length: int) -> None:

@@ -24,6 +24,7 @@ MAX_ENVS_PER_STREAM = 1024
 MAX_NUM_ACTIONS = 4096
 MAX_OBSERVATION_ELEMENTS = 1 << 20
 MAX_EPISODE_EXTRAS = 16
+MAX_OBSERVATION_DIMS = 8  # numpy takes 64; no environment here has more than 4
 STEP_OVERHEAD_BYTES = 1024  # room for a Step's framing
 SCALAR_BYTES_PER_ENV = 48  # reward, done, episode_end, the episode return and step
 EXTRA_OVERHEAD_BYTES = 32  # an episode extra's map entry, besides its name and values
@@ -50,6 +51,8 @@ def decode_array(
 ) -> np.ndarray:
     """A read-only view of the message's bytes, checked against ``shape`` and ``dtype``."""
     received_dtype = _little_endian(message.dtype)
+    if len(message.shape) > MAX_OBSERVATION_DIMS + 1:  # [num_envs, *observation]
+        raise ProtocolError(f"an array of {len(message.shape)} dimensions is not allowed")
     received_shape = tuple(message.shape)
     if dtype is not None and received_dtype.name != np.dtype(dtype).name:
         raise ProtocolError(f"dtype {received_dtype.name} does not match the expected {dtype}")
@@ -140,6 +143,11 @@ def read_hello(message: pb.EnvMessage) -> tuple[str, EnvSpec, int]:
             "run the same torchbeast version on both sides"
         )
     dtype = _little_endian(hello.observation_spec.dtype)
+    if len(hello.observation_spec.shape) > MAX_OBSERVATION_DIMS:
+        raise ProtocolError(
+            f"an observation of {len(hello.observation_spec.shape)} dimensions is not "
+            f"allowed (at most {MAX_OBSERVATION_DIMS})"
+        )
     shape = tuple(int(size) for size in hello.observation_spec.shape)
     if any(size <= 0 for size in shape):
         raise ProtocolError(f"observation shape {list(shape)} has a size below 1")
