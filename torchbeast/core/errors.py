@@ -48,9 +48,7 @@ def os_error_in(error: BaseException) -> OSError | None:
 def write_failure(error: BaseException) -> str:
     """Why a write failed, in the OS's words ("No space left on device"), also where torch
     wraps the OSError in an error of its own."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.strerror:
-            return seen.strerror
-        seen = seen.__cause__ or seen.__context__
+    cause = os_error_in(error)
+    if cause is not None and cause.strerror:
+        return cause.strerror
     return shown(str(error).strip().splitlines()[0] if str(error).strip() else repr(error))

@@ -243,21 +243,25 @@ class FileWriter:
         self._file_handler.close()
 
 
+_tensorboard_quieted = False  # the hook below is installed once per process
+
+
 def quiet_tensorboard_write_failures() -> None:
     """TensorBoard writes its events in a thread of its own, which ends with a traceback on
     stderr where a write fails (a full disk); FileWriter.log says it in one line instead,
     when the failure surfaces in the next add_scalar."""
     from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
 
-    previous = threading.excepthook
-    if getattr(previous, "quiets_tensorboard", False):
+    global _tensorboard_quieted
+    if _tensorboard_quieted:
         return
+    _tensorboard_quieted = True
+    previous = threading.excepthook
 
     def hook(args: threading.ExceptHookArgs) -> None:
         if not (isinstance(args.thread, _AsyncWriterThread) and issubclass(args.exc_type, OSError)):
             previous(args)
 
-    hook.quiets_tensorboard = True
     threading.excepthook = hook
 
 
