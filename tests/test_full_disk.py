@@ -56,6 +56,6 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_same_command_resumes(sm
     mount(small_disk, "16m", remount=True)
     resumed = monobeast(small_disk, *RUN)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"Resuming from {small_disk / 'r' / 'model.tar'} at step {saved}." in resumed.stdout
+    assert f"Resuming from {small_disk / 'r' / 'model.tar'} (step {saved}," in resumed.stdout
     logs = read_logs(small_disk / "r" / "logs.csv")  # a row cut by the full disk was dropped
     assert logs["step"][-1] >= 60000

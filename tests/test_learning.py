@@ -151,7 +151,7 @@ def test_last_logged_step_reads_the_last_whole_row(tmp_path):
 
 
 def test_a_check_stops_its_run_at_its_budget_with_the_default_schedule(tmp_path):
-    # The defaults train for 5M steps; the check stops the run (SIGTERM: checkpoint, exit 0)
+    # The defaults train for 5M steps; the check stops the run (SIGTERM: checkpoint, exit 143)
     # soon after its 3K steps, before the learning rate has decayed noticeably.
     check = learncheck.Check("CartPole-v1", 3_000, 0.0, ("--disable_cuda",), "")
     returncode, _ = learncheck.train(check, str(tmp_path), "run")

@@ -14,6 +14,10 @@ import pytest
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A run a signal stopped before its end exits as the signal ended it, so that a scheduler
+# restarts it (and the same command resumes it).
+STOPPED_BY_SIGTERM = 128 + signal.SIGTERM
+
 SMALL_RUN = [
     "--env",
     "CartPole-v1",
@@ -155,7 +159,7 @@ def test_training_again_resumes_from_the_checkpoint(tmp_path):
 
     second = monobeast(tmp_path, *SMALL_RUN, "--total_steps", "5000", "--xpid", "run")
     assert second.returncode == 0, second.stderr
-    assert f"at step {steps_before}" in second.stdout
+    assert f"Resuming from {tmp_path / 'run' / 'model.tar'} (step {steps_before}," in second.stdout
     rows = read_rows(tmp_path / "run" / "logs.csv")
     steps = [int(r["step"]) for r in rows]
     assert steps == sorted(steps) and steps[-1] >= 5000
@@ -225,7 +229,7 @@ def test_killed_actor_is_replaced_and_training_goes_on(tmp_path, inference):
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
-    assert process.returncode == 0
+    assert process.returncode == STOPPED_BY_SIGTERM
 
 
 def test_sigterm_saves_a_checkpoint_and_leaves_no_process(tmp_path):
@@ -238,7 +242,7 @@ def test_sigterm_saves_a_checkpoint_and_leaves_no_process(tmp_path):
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
-    assert process.returncode == 0
+    assert process.returncode == STOPPED_BY_SIGTERM
     state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)
     assert state["step"] == int(read_rows(logs)[-1]["step"])
     wait_for(lambda: not any(alive(pid) for pid in actors), 10, "actors to exit")
@@ -402,7 +406,7 @@ def test_sigterm_to_the_process_group_stops_without_restarting_actors(tmp_path):
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
-    assert process.returncode == 0
+    assert process.returncode == STOPPED_BY_SIGTERM
     out_log = (tmp_path / "run" / "out.log").read_text()
     assert "died" not in out_log and "Stopped at step" in out_log
     assert (tmp_path / "run" / "model.tar").exists()

@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 import pytest
 
-from tests.test_monobeast import actor_pids, processes_in_group, read_rows
+from tests.test_monobeast import STOPPED_BY_SIGTERM, actor_pids, processes_in_group, read_rows
 from tests.test_riverraid import assert_fuel_proxy_logged, steer_right
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import codec
@@ -180,7 +180,7 @@ def test_a_killed_env_server_is_redialled_when_it_comes_back(tmp_path, processes
     )
     assert learner.poll() is None
     os.killpg(learner.pid, signal.SIGTERM)
-    assert learner.wait(timeout=30) == 0, text(learner_log)
+    assert learner.wait(timeout=30) == STOPPED_BY_SIGTERM, text(learner_log)
 
 
 def start_polybeast(processes, tmp_path, sockets) -> subprocess.Popen:
@@ -270,7 +270,7 @@ def test_a_killed_client_leaves_a_partial_rollout_and_training_goes_on(
     processes("torchbeast.polybeast_env", *connect, log=tmp_path / "survivor.log")
     wait_for(lambda: logged_steps(tmp_path / "r")[-1] > steps[-1] + 500, 60, "more training")
     os.killpg(learner.pid, signal.SIGTERM)
-    assert learner.wait(timeout=60) == 0, text(learner_log)
+    assert learner.wait(timeout=60) == STOPPED_BY_SIGTERM, text(learner_log)
     assert "Traceback" not in text(learner_log)
 
 
@@ -458,7 +458,7 @@ def test_a_restarted_learner_resumes_and_its_clients_reconnect(tmp_path, process
     )  # fmt: skip
     wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training to start")
     os.killpg(first.pid, signal.SIGTERM)
-    assert first.wait(timeout=60) == 0, text(first_log)
+    assert first.wait(timeout=60) == STOPPED_BY_SIGTERM, text(first_log)
     saved = logged_steps(tmp_path / "r")[-1]
 
     second_log = tmp_path / "learner2.log"

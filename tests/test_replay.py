@@ -2,6 +2,7 @@
 
 import threading
 
+import pytest
 import torch
 
 from torchbeast.core.replay import Replay
@@ -304,3 +305,94 @@ def test_sampling_is_uniform_over_segments():
     batch, _ = replay.sample(2000, generator=generator)
     from_source_0 = int((batch["frame"][0, :, 0] == 0).sum())
     assert 850 < from_source_0 < 1150
+
+
+# --------------------------------------------------------------------------- saved and restored
+
+
+def layout_of(replay: Replay) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    """One step's shape and dtype per key, as a run knows them from its rollout spec."""
+    batch, _ = replay.contents()
+    return {key: (t.shape[2:], t.dtype) for key, t in batch.items() if key != "mask"}
+
+
+CORE_STATE_SHAPES = [torch.Size([LAYERS, 1, HIDDEN])] * 2
+
+
+def saved_and_restored(replay: Replay, max_transitions: int, capacity: int = 1000) -> Replay:
+    """A new replay restored from ``replay``'s state dict, through a file as a run does."""
+    restored = Replay(capacity, learn_start=1)
+    state = replay.state_dict(max_transitions)
+    restored.load_state_dict(state, layout_of(replay), T, CORE_STATE_SHAPES)
+    return restored
+
+
+def filled_replay() -> Replay:
+    """Two sources of three rollouts each, the second's first episode ending at step 6."""
+    replay = Replay(capacity=1000, learn_start=1)
+    for start in range(0, 12, T):
+        add(replay, source=0, start=start)
+        add(replay, source=1, start=start, episode_length=6)
+    return replay
+
+
+def test_a_restored_replay_holds_the_same_columns_and_core_states(tmp_path):
+    replay = filled_replay()
+    torch.save(replay.state_dict(max_transitions=10**6), tmp_path / "replay.tar")
+    restored = Replay(1000, learn_start=1)
+    state = torch.load(tmp_path / "replay.tar", weights_only=True)
+    restored.load_state_dict(state, layout_of(replay), T, CORE_STATE_SHAPES)
+    assert restored.transitions == replay.transitions == 24
+    (batch, core_state), (restored_batch, restored_core_state) = (
+        replay.contents(),
+        restored.contents(),
+    )
+    for key, tensor in batch.items():
+        assert torch.equal(restored_batch[key], tensor), key
+    for state, restored_state in zip(core_state, restored_core_state, strict=True):
+        assert torch.equal(restored_state, state)
+
+
+def test_a_bounded_save_keeps_the_newest_segments_with_their_first_steps():
+    replay = filled_replay()
+    restored = saved_and_restored(replay, max_transitions=10)  # the last two segments fit
+    assert restored.transitions == 8
+    # Each kept segment replays as it did: its index 0 comes from the segment not kept.
+    assert stored_columns(restored) == stored_columns(replay)[-2:]
+
+
+def test_restored_chains_end_so_a_new_rollout_of_a_source_starts_its_own():
+    replay = filled_replay()
+    restored = saved_and_restored(replay, max_transitions=10**6)
+    # The env stream 0 of the resumed run starts anew; its step 12 would have continued
+    # the saved chain, but the episodes in progress are not resumed.
+    add(restored, source=0, start=12)
+    assert stored_columns(restored)[-1] == [12, 13, 14, 15, 16]
+    assert restored.transitions == 24 + 4
+
+
+def test_a_restored_replay_beyond_the_capacity_evicts_its_oldest_episodes():
+    replay = filled_replay()
+    restored = saved_and_restored(replay, max_transitions=10**6, capacity=16)
+    assert restored.transitions <= 16
+    assert stored_columns(restored)[-1] == stored_columns(replay)[-1]
+
+
+def test_a_saved_replay_of_other_rollouts_is_refused():
+    replay = filled_replay()
+    state = replay.state_dict(max_transitions=10**6)
+    layout = layout_of(replay)
+    other = Replay(1000, learn_start=1)
+    wider = dict(layout, frame=(torch.Size([3]), torch.int64))
+    for args in [
+        (wider, T, CORE_STATE_SHAPES),
+        (layout, T + 1, CORE_STATE_SHAPES),
+        (layout, T, []),
+    ]:
+        with pytest.raises(ValueError):
+            other.load_state_dict(state, *args)
+    assert other.transitions == 0
+    forged = replay.state_dict(max_transitions=10**6)
+    forged["segments"][0]["steps"]["reward"] = torch.zeros(T + 7)  # longer than a rollout
+    with pytest.raises(ValueError, match="do not fit"):
+        other.load_state_dict(forged, layout, T, CORE_STATE_SHAPES)

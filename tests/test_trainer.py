@@ -15,6 +15,7 @@ from torchbeast.config.settings import Settings, build_settings
 from torchbeast.core import rollout
 from torchbeast.envs import env_spec
 from torchbeast.runtime.acting import Unroller
+from torchbeast.runtime.checkpointing import INCARNATIONS_PER_START
 from torchbeast.runtime.pool import Pool
 from torchbeast.runtime.training import Trainer, TrainingError
 
@@ -216,3 +217,77 @@ def test_an_env_without_episode_extras_prints_none(tmp_path):
     trainer = InProcessTrainer(make_flags(tmp_path, "--total_steps", "400"))
     trainer.train()
     assert trainer.progress.episode_extras_text() == ""
+
+
+def test_a_resumed_run_draws_what_the_saved_run_would_have_drawn_next(tmp_path):
+    # The learner process's generator decides which rollouts LASER replays.
+    InProcessTrainer(make_flags(tmp_path, "--total_steps", "400")).train()  # the last save
+    expected = torch.rand(5)
+    torch.manual_seed(12345)  # whatever the process did since
+    resumed = InProcessTrainer(make_flags(tmp_path, "--total_steps", "800"))
+    assert resumed.checkpoint.resume_if_possible(resumed.device)
+    assert torch.equal(torch.rand(5), expected)
+
+
+def test_each_start_of_a_run_numbers_its_actors_after_every_earlier_one(tmp_path):
+    # Actor seeds follow from the incarnation: a resumed run's envs do not replay the
+    # first start's episodes.
+    first = InProcessTrainer(make_flags(tmp_path, "--total_steps", "400"))
+    assert first.checkpoint.first_incarnation() == 0
+    first.train()
+    second = InProcessTrainer(make_flags(tmp_path, "--total_steps", "800"))
+    second.train()
+    third = InProcessTrainer(make_flags(tmp_path, "--total_steps", "1200"))
+    assert third.checkpoint.resume_if_possible(third.device)
+    assert third.checkpoint.first_incarnation() == 2 * INCARNATIONS_PER_START
+
+
+LASER = ["--replay_size", "300", "--learn_start", "100", "--replay_ratio", "1"]
+
+
+def test_a_resumed_laser_run_goes_on_with_the_saved_replay(tmp_path):
+    first = InProcessTrainer(make_flags(tmp_path, *LASER, "--total_steps", "800"))
+    first.train()
+    saved, saved_core_state = first.replay.contents()
+    assert (tmp_path / "run" / "replay.tar").exists()
+    resumed = InProcessTrainer(make_flags(tmp_path, *LASER, "--total_steps", "1200"))
+    assert resumed.checkpoint.resume_if_possible(resumed.device)
+    restored, restored_core_state = resumed.replay.contents()
+    assert resumed.replay.transitions == first.replay.transitions > 0
+    for key, tensor in saved.items():
+        assert torch.equal(restored[key], tensor), key
+    resumed.train()  # learns on from it, adding the new run's rollouts
+    lines = (tmp_path / "run" / "out.log").read_text().splitlines()
+    saved_line = [line for line in lines if "Saved LASER's replay beside it" in line][0]
+    restored_line = [line for line in lines if "Restored LASER's replay" in line][0]
+    count = first.replay.transitions
+    assert f": {count} of its {count} transitions" in saved_line
+    assert restored_line.endswith(f"replay.tar: {count} transitions.")
+
+
+def test_a_laser_run_that_saves_no_replay_says_the_resumed_one_starts_empty(tmp_path):
+    InProcessTrainer(make_flags(tmp_path, *LASER, "--total_steps", "400")).train()
+    off = ["--replay_checkpoint_gib", "0"]
+    InProcessTrainer(make_flags(tmp_path, *LASER, *off, "--total_steps", "800")).train()
+    assert not (tmp_path / "run" / "replay.tar").exists()  # the first start's would be stale
+    resumed = InProcessTrainer(make_flags(tmp_path, *LASER, "--total_steps", "1200"))
+    assert resumed.checkpoint.resume_if_possible(resumed.device)
+    assert resumed.replay.transitions == 0
+    assert resumed.checkpoint.replay_line == (
+        "LASER's replay starts empty (on-policy batches until it holds --learn_start): "
+        "no replay.tar beside the checkpoint."
+    )
+
+
+def test_a_damaged_replay_file_is_said_and_the_run_goes_on_with_an_empty_replay(tmp_path):
+    InProcessTrainer(make_flags(tmp_path, *LASER, "--total_steps", "400")).train()
+    (tmp_path / "run" / "replay.tar").write_bytes(b"\x1b[2Jnot a replay\n" * 1000)
+    resumed = InProcessTrainer(make_flags(tmp_path, *LASER, "--total_steps", "800"))
+    resumed.train()
+    assert resumed.learner.step == 800
+    (line,) = [
+        line
+        for line in (tmp_path / "run" / "out.log").read_text().splitlines()
+        if "LASER's replay starts empty" in line
+    ]
+    assert "does not fit this run" in line and "\x1b" not in line and len(line) < 600

@@ -15,6 +15,7 @@ from torchbeast.config.settings import Settings, build_settings
 from torchbeast.core.errors import UserError
 from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.registry import RUNTIMES
+from torchbeast.runtime.supervision import Stopped, sigterm_handled
 
 # gym's DependencyNotInstalled: e.g. --mode test_render of CartPole without pygame.
 USER_ERRORS = (UserError, gym.error.DependencyNotInstalled)
@@ -37,6 +38,9 @@ def report_errors(body: Callable[[], object]) -> int:
     except OSError as error:  # e.g. an unwritable --savedir, or a full disk
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except Stopped as stopped:  # by a signal, before the run's end
+        print(stopped.message, file=sys.stderr)
+        return stopped.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -59,7 +63,8 @@ def run(
         train = train or RUNTIMES[runtime].train
         # Before the runtime starts: its first lines (listening, connecting) obey it too.
         setup_console_logging(settings.run.suppress_logs)
-        return report_errors(lambda: train(settings))
+        with sigterm_handled():  # a scheduler's SIGTERM while the run starts unwinds it
+            return report_errors(lambda: train(settings))
     if mode == "eval":
         return report_errors(lambda: evaluation.evaluate(settings))
     return report_errors(lambda: evaluation.test(settings, render=mode == "test_render"))

@@ -174,9 +174,9 @@ def last_logged_step(logs_path: str) -> int:
 def train(
     check: Check, savedir: str, xpid: str, extra_flags: tuple[str, ...] = ()
 ) -> tuple[int, str]:
-    """Runs the check's training, stopping it (SIGTERM: a checkpoint, then exit 0) once it
-    has learned from ``check.steps`` steps if ``check.stop_early``; returns the exit code
-    and the last line the run wrote on stderr."""
+    """Runs the check's training, stopping it (SIGTERM: a checkpoint, then exit 143) once
+    it has learned from ``check.steps`` steps if ``check.stop_early``; returns the exit
+    code (0 for a run stopped so) and the last line the run wrote on stderr."""
     logs_path = os.path.join(savedir, xpid, "logs.csv")
     with tempfile.TemporaryFile("w+") as stderr:
         process = subprocess.Popen(
@@ -185,13 +185,17 @@ def train(
             stderr=stderr,
             text=True,
         )
+        stopped = False
         try:
             while process.poll() is None:
                 if check.stop_early and last_logged_step(logs_path) >= check.steps:
                     process.send_signal(signal.SIGTERM)
+                    stopped = True
                     break
                 time.sleep(POLL_S)
             returncode = process.wait()
+            if stopped and returncode == 128 + signal.SIGTERM:  # as a stopped run exits
+                returncode = 0
         finally:
             if process.poll() is None:
                 process.kill()

@@ -123,6 +123,14 @@ class ReplaySettings:
         metavar="N",
         check="nonnegative",
     )
+    replay_checkpoint_gib: float = flag(
+        2.0,
+        "(new) With each checkpoint, the replay's newest transitions up to this size are "
+        "saved beside it (replay.tar), and a resumed run starts from them; 0: not saved "
+        "(a resumed run's replay starts empty).",
+        metavar="GIB",
+        check="nonnegative",
+    )
 
 
 @dataclass(frozen=True)

@@ -65,10 +65,13 @@ class FileWriter:
         flags: Mapping[str, object],
         tensorboard: bool = True,
         sources: Mapping[str, str] | None = None,
-        resuming: bool = False,
+        resumed_step: int | None = None,
     ):
-        """``resuming``: the run goes on from its checkpoint, and appends to its files;
-        otherwise another run's files in the folder are set aside (``set_aside``)."""
+        """``resumed_step``: the step of the checkpoint the run goes on from; it appends
+        to its files, less the rows of later updates (a run killed before it could save
+        them). None: a new run; another run's files in the folder are set aside
+        (``set_aside``)."""
+        resuming = resumed_step is not None
         self.directory = os.path.join(savedir, xpid)
         os.makedirs(self.directory, exist_ok=True)
         self._link_latest(savedir, xpid)
@@ -109,6 +112,7 @@ class FileWriter:
         self.fieldnames: list[str] = []
         if resuming:
             self._drop_partial_row()
+            self._drop_rows_after(resumed_step)
         self._tick = self._count_rows()  # a resumed run continues the tick count
         self._logs_file = open(self.paths["logs.csv"], "a", newline="")  # noqa: SIM115
         self._tensorboard = None
@@ -116,7 +120,9 @@ class FileWriter:
             from torch.utils.tensorboard import SummaryWriter
 
             quiet_tensorboard_write_failures()
-            self._tensorboard = SummaryWriter(log_dir=self.directory)
+            # TensorBoard hides the events of steps after the checkpoint's likewise.
+            purge_step = None if resumed_step is None else resumed_step + 1
+            self._tensorboard = SummaryWriter(log_dir=self.directory, purge_step=purge_step)
 
     def set_aside_earlier_run(self) -> str | None:
         """Moves an earlier run's files (logs, meta.json, out.log, TensorBoard events,
@@ -154,6 +160,39 @@ class FileWriter:
                     log.warning("logs.csv ended in an unfinished row (a failed write): cut it.")
         except FileNotFoundError:
             pass
+
+    def _drop_rows_after(self, step: int) -> None:
+        """Cuts the rows of updates after ``step``, the checkpoint's: a run killed
+        between checkpoints logged them, and the resumed run learns those steps again."""
+        path = self.paths["logs.csv"]
+        try:
+            with open(path, newline="") as f:
+                lines = f.readlines()
+        except FileNotFoundError:
+            return
+        kept, column = [], None
+        for line in lines:
+            if line.startswith("# "):
+                fields = line[2:].rstrip("\n").split(",")
+                column = fields.index("step") if "step" in fields else None
+            elif column is not None and line.strip():
+                cells = next(csv.reader([line]))
+                if len(cells) > column and cells[column].isdigit() and int(cells[column]) > step:
+                    continue
+            kept.append(line)
+        if len(kept) == len(lines):
+            return
+        tmp_path = path + ".tmp"
+        with open(tmp_path, "w", newline="") as f:
+            f.writelines(kept)
+        os.replace(tmp_path, path)
+        log.warning(
+            "logs.csv held %d rows of updates after step %d, which the checkpoint does not "
+            "hold (the run stopped before it could save them): cut them; this run learns "
+            "those steps again.",
+            len(lines) - len(kept),
+            step,
+        )
 
     def _count_rows(self) -> int:
         try:

@@ -160,6 +160,92 @@ class Replay:
                 return None
             return self._columns(self._segments)
 
+    def bytes_per_transition(self) -> int:
+        """The memory one stored step takes (0 before the first rollout)."""
+        return sum(shape.numel() * dtype.itemsize for shape, dtype in (self._layout or {}).values())
+
+    def state_dict(self, max_transitions: int) -> dict:
+        """The newest segments, up to ``max_transitions`` transitions, as plain values and
+        tensors (for a file beside the checkpoint); oldest first, each naming the saved
+        segment it continues. Stored tensors are never changed in place, so only taking
+        the references needs the lock."""
+        with self._lock:
+            kept: list[_Segment] = []
+            total = 0
+            for segment in reversed(self._segments):
+                if total + len(segment) > max_transitions:
+                    break
+                kept.append(segment)
+                total += len(segment)
+            kept.reverse()
+            index = {id(segment): position for position, segment in enumerate(kept)}
+            segments = []
+            for segment in kept:
+                previous = index.get(id(segment.previous), -1)
+                head = segment.head
+                if head is None and previous < 0:  # its chain's start is not saved
+                    head = {key: tensor.clone() for key, tensor in segment.first_step().items()}
+                segments.append(
+                    {
+                        "steps": segment.steps,
+                        "core_state": list(segment.core_state),
+                        "head": head,
+                        "previous": previous,
+                    }
+                )
+            return {
+                "unroll_length": self._unroll_length,
+                "layout": {
+                    key: (list(shape), str(dtype).removeprefix("torch."))
+                    for key, (shape, dtype) in (self._layout or {}).items()
+                },
+                "segments": segments,
+            }
+
+    def load_state_dict(
+        self,
+        state: dict,
+        layout: dict[str, tuple[torch.Size, torch.dtype]],
+        unroll_length: int,
+        core_state_shapes: Sequence[torch.Size],
+    ) -> None:
+        """Holds the segments of ``state`` (``state_dict``'s) instead of its own; they
+        must be rollouts of this run's ``layout`` (key -> one step's shape and dtype),
+        ``unroll_length`` and core state (each [layers, 1, H]): ValueError (and the
+        replay unchanged) where they are not. Their chains end
+        (the episodes in progress then are not resumed) and take sources of their own;
+        beyond the capacity, the oldest episodes are evicted as usual."""
+        saved_layout = {
+            key: (torch.Size(shape), getattr(torch, dtype))
+            for key, (shape, dtype) in state["layout"].items()
+        }
+        if state["segments"] and saved_layout != layout:
+            raise ValueError("its rollouts hold other keys, shapes or dtypes")
+        if state["segments"] and state["unroll_length"] != unroll_length:
+            raise ValueError(
+                f"its rollouts are of --unroll_length {state['unroll_length']}, not {unroll_length}"
+            )
+        restored: list[_Segment] = []
+        for position, saved in enumerate(state["segments"]):
+            previous = restored[saved["previous"]] if 0 <= saved["previous"] < position else None
+            check_saved_segment(saved, layout, unroll_length, core_state_shapes, previous)
+            segment = _Segment(
+                source=("restored", position if previous is None else previous.source[1]),
+                steps=dict(saved["steps"]),
+                core_state=tuple(saved["core_state"]),
+                head=None if previous is not None else dict(saved["head"]),
+                previous=previous,
+            )
+            if previous is not None:
+                previous.next = segment
+            restored.append(segment)
+        with self._lock:
+            self._layout, self._unroll_length = layout, unroll_length
+            self._segments, self._tails = restored, {}
+            self._transitions = sum(len(segment) for segment in restored)
+            while self._transitions > self.capacity:
+                self._evict_oldest_episode()
+
     def forget(self, sources: set[Hashable]) -> None:
         """Drops every stored step of these sources (rollouts that broke an update)."""
         with self._lock:
@@ -297,3 +383,37 @@ class Replay:
             for states in zip(*(segment.core_state for segment in segments), strict=True)
         )
         return batch, core_state
+
+
+def check_saved_segment(
+    saved: dict,
+    layout: dict[str, tuple[torch.Size, torch.dtype]],
+    unroll_length: int,
+    core_state_shapes: Sequence[torch.Size],
+    previous: _Segment | None,
+) -> None:
+    """Refuses (ValueError) a saved segment that is not one of this run's rollouts: its
+    steps, head and core state must have the run's keys, shapes and dtypes."""
+
+    def fits(tensors: dict, steps: range) -> bool:
+        return (
+            isinstance(tensors, dict)
+            and set(tensors) == set(layout)
+            and all(
+                isinstance(tensor, torch.Tensor)
+                and tensor.shape[1:] == layout[key][0]
+                and tensor.dtype == layout[key][1]
+                and tensor.shape[0] in steps
+                for key, tensor in tensors.items()
+            )
+            and len({tensor.shape[0] for tensor in tensors.values()}) == 1
+        )
+
+    core_state = saved.get("core_state")
+    if not (
+        fits(saved.get("steps"), range(1, unroll_length + 1))
+        and (previous is not None or fits(saved.get("head"), range(1, 2)))
+        and isinstance(core_state, list)
+        and [getattr(state, "shape", None) for state in core_state] == list(core_state_shapes)
+    ):
+        raise ValueError("a segment's steps or core state do not fit this run's rollouts")

@@ -1,5 +1,9 @@
 """A training run's checkpoint: resuming from the xpid's model.tar (refusing one of another
-run) and saving the learner's state into it with what the run was trained with."""
+run) and saving the learner's state into it with what the run was trained with: the
+weights and optimizer, the progress line's episode window, the learner process's random
+generator (it draws LASER's replayed rollouts) and how many times the run has started
+(each start's actors take seeds no earlier start used). LASER's replay goes into a file
+beside it, replay.tar, bounded by ``--replay_checkpoint_gib``."""
 
 from __future__ import annotations
 
@@ -8,14 +12,16 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+import torch
+
 from torchbeast.core import checkpoint
-from torchbeast.core.errors import RunFolderError, os_error_in, write_failure
+from torchbeast.core.errors import RunFolderError, os_error_in, shown, write_failure
+from torchbeast.core.rollout import rollout_spec
 
 if TYPE_CHECKING:
-    import torch
-
     from torchbeast.config.settings import Settings
     from torchbeast.core.learner import Learner
+    from torchbeast.core.replay import Replay
     from torchbeast.core.spec import EnvSpec
     from torchbeast.runtime.progress import Progress
 
@@ -26,16 +32,16 @@ log = logging.getLogger("torchbeast")
 ONLY_AT_START = ("weight_init", "rmsprop_init")
 
 
-def not_restored_line(replays: bool) -> str:
-    """What a resumed run does not get back from its checkpoint, for its log."""
-    parts = [
-        "the episodes in progress (each env starts a new one)",
-        "the random generators' states",
-    ]
-    if replays:
-        parts.insert(0, "LASER's replay (it starts empty: on-policy batches until it holds "
-                     "--learn_start transitions)")  # fmt: skip
-    return "Not restored from the checkpoint: " + ", ".join(parts) + "."
+REPLAY_FILE_NAME = "replay.tar"  # LASER's replay, beside model.tar
+
+# A run's n-th start numbers its actors' incarnations from (n - 1) times this, so that its
+# actors' seeds (``runtime.acting.actor_seed``) differ from every earlier start's.
+INCARNATIONS_PER_START = 2**16
+
+NOT_RESTORED_LINE = (
+    "Not restored from the checkpoint: the episodes in progress (each env starts a new "
+    "one, from seeds no earlier start of this run used)."
+)
 
 
 def learning_settings(settings: Settings) -> dict[str, object]:
@@ -88,6 +94,7 @@ class RunCheckpoint:
         learner: Learner,
         progress: Progress,
         path: str,
+        replay: Replay | None = None,
     ):
         self.settings = settings
         self.progress = progress
@@ -96,8 +103,25 @@ class RunCheckpoint:
         self.config = config
         self.learner = learner
         self.path = path
+        self.replay = replay  # LASER's, saved beside the checkpoint
+        self.replay_path = os.path.join(os.path.dirname(path), REPLAY_FILE_NAME)
         self.changes: str | None = None  # after a resume: the settings the command changed
+        self.replay_line: str | None = None  # after a resume: what became of the replay
         self.saved_step: int | None = None  # the step the checkpoint on disk holds
+        self.starts = 1  # this start of the run is its n-th
+
+    def first_incarnation(self) -> int:
+        """Where this start numbers its actors' incarnations from."""
+        return (self.starts - 1) * INCARNATIONS_PER_START
+
+    def summary(self) -> str:
+        """What a resumed run goes on from, as the checkpoint's lines say it (saved and
+        resumed alike): "step 1200, mean return 21.5 (last 100 episodes), learning rate
+        0.000632"."""
+        return (
+            f"step {self.learner.step}, {self.progress.window_text()}, "
+            f"learning rate {self.learner.optimizer.param_groups[0]['lr']:.6g}"
+        )
 
     def resume_if_possible(self, device: torch.device) -> bool:
         """Loads model.tar of this xpid if there is one; refuses one of another run."""
@@ -117,8 +141,31 @@ class RunCheckpoint:
             ) from None
         self.changes = changes_line(state.get("flags", {}), self.settings)
         self.progress.load_state_dict(state.get("progress", {}))
+        restore_random_state(state.get("rng", {}))
+        self.starts = int(state.get("starts", 1)) + 1
         self.saved_step = self.learner.step
+        if self.replay is not None:
+            self.replay_line = self.restore_replay()
         return True
+
+    def restore_replay(self) -> str:
+        """Fills LASER's replay from the file beside the checkpoint; the line that says
+        what it holds, or why it starts empty (the replay is worth keeping, not worth
+        stopping a run for)."""
+        empty = "LASER's replay starts empty (on-policy batches until it holds --learn_start)"
+        if not os.path.exists(self.replay_path):
+            return f"{empty}: no {REPLAY_FILE_NAME} beside the checkpoint."
+        spec = rollout_spec(self.env_spec, self.settings.learner.unroll_length)
+        layout = {key: (torch.Size(shape[1:]), dtype) for key, (shape, dtype) in spec.items()}
+        shapes = [tensor.shape for tensor in self.learner.model.initial_state(1)]
+        try:
+            state = torch.load(self.replay_path, weights_only=True)
+            self.replay.load_state_dict(state, layout, self.settings.learner.unroll_length, shapes)
+        except Exception as error:  # a damaged file, another run's rollouts
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else "unreadable"
+            return f"{empty}: {self.replay_path} does not fit this run ({shown(reason)})."
+        transitions = self.replay.transitions
+        return f"Restored LASER's replay from {self.replay_path}: {transitions} transitions."
 
     def save(self) -> None:
         if self.run.disable_checkpoint:
@@ -131,20 +178,75 @@ class RunCheckpoint:
                 env_spec=checkpoint.spec_state(self.env_spec),
                 model_config=self.config,
                 progress=self.progress.state_dict(),
+                rng=random_state(),
+                starts=self.starts,
             )
-            log.info("Saving checkpoint to %s (step %d)", self.path, self.learner.step)
-            try:
-                checkpoint.save(self.path, state)
-            except (OSError, RuntimeError) as error:  # torch wraps a failed write in its own
-                if os_error_in(error) is None:
-                    raise
-                raise RunFolderError(
-                    f"cannot write the checkpoint {self.path} ({write_failure(error)})"
-                ) from None
+            log.info("Saving checkpoint to %s (%s).", self.path, self.summary())
+            write(self.path, state, "the checkpoint")
             self.saved_step = self.learner.step
+        if self.replay is not None:
+            self.save_replay()
+
+    def save_replay(self) -> None:
+        """Saves LASER's newest transitions, up to --replay_checkpoint_gib, beside the
+        checkpoint; with 0, removes an earlier start's file, which would be stale."""
+        limit = self.settings.replay.replay_checkpoint_gib
+        if limit == 0:
+            if os.path.exists(self.replay_path):
+                os.unlink(self.replay_path)
+            return
+        per_transition = max(1, self.replay.bytes_per_transition())
+        state = self.replay.state_dict(int(limit * 2**30 // per_transition))
+        saved = sum(len(segment["steps"]["done"]) for segment in state["segments"])
+        write(self.replay_path, state, "LASER's replay")
+        log.info(
+            "Saved LASER's replay beside it: %d of its %d transitions (%.1f MiB).",
+            saved,
+            self.replay.transitions,
+            saved * per_transition / 2**20,
+        )
 
     def on_disk(self) -> str:
         """What the checkpoint on disk holds, for the line that stops a run."""
         if self.saved_step is None:
             return "no checkpoint could be written"
         return f"the checkpoint {self.path} holds step {self.saved_step}"
+
+
+def write(path: str, state: dict, what: str) -> None:
+    """Writes ``state`` atomically to ``path``; RunFolderError where the folder cannot
+    take it (e.g. a full disk): the file there before stays whole."""
+    try:
+        checkpoint.save(path, state)
+    except (OSError, RuntimeError) as error:  # torch wraps a failed write in its own
+        if os_error_in(error) is None:
+            raise
+        raise RunFolderError(f"cannot write {what} {path} ({write_failure(error)})") from None
+
+
+def random_state() -> dict[str, object]:
+    """The learner process's random generators (CPU, and CUDA where it is used)."""
+    state: dict[str, object] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_random_state(state: dict) -> None:
+    """Goes on with the checkpoint's random generators where they fit this process (a
+    checkpoint of a CUDA run resumed on the CPU keeps only the CPU's)."""
+    generator = state.get("torch")
+    current = torch.get_rng_state()
+    if (
+        isinstance(generator, torch.Tensor)
+        and generator.dtype == current.dtype
+        and generator.shape == current.shape
+    ):
+        torch.set_rng_state(generator)
+    devices = state.get("cuda")
+    if (
+        isinstance(devices, list)
+        and torch.cuda.is_available()
+        and len(devices) == torch.cuda.device_count()
+    ):
+        torch.cuda.set_rng_state_all(devices)

@@ -70,9 +70,11 @@ class ActorPool(Pool):
         config: dict,
         weights: SharedWeights,
         learner_model: nn.Module,
+        first_incarnation: int = 0,
     ):
         """``learner_model``: the learner's model, whose device and weights central
-        inference (``--central_inference``) takes."""
+        inference (``--central_inference``) takes; ``first_incarnation``: the number of
+        the actors' first incarnations (which their seeds follow from)."""
         num_buffers = settings.actors.num_buffers
         num_actors = settings.actors.num_actors
         self.envs_per_actor = settings.actors.envs_per_actor
@@ -110,7 +112,7 @@ class ActorPool(Pool):
         self.held: dict[int, list[int]] = {}
         self.processes: dict[int, mp.process.BaseProcess] = {}
         self.conns: dict[int, mp.connection.Connection] = {}
-        self.incarnations = [0] * num_actors
+        self.incarnations = [first_incarnation] * num_actors
         self.restarts = RestartBudget(num_actors)
         super().__init__()
         self.batch_lock = threading.Lock()
@@ -308,7 +310,12 @@ class MonoTrainer(Trainer):
     def create_pool(self) -> ActorPool:
         self.weights.publish(self.learner.model)
         self.actor_pool = ActorPool(
-            self.settings, self.env_spec, self.config, self.weights, self.learner.model
+            self.settings,
+            self.env_spec,
+            self.config,
+            self.weights,
+            self.learner.model,
+            self.checkpoint.first_incarnation(),
         )
         return self.actor_pool
 

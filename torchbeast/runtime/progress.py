@@ -82,6 +82,14 @@ class Progress:
             extras_text,
         )
 
+    def window_text(self) -> str:
+        """The 100-episode window as a checkpoint's lines say it, exactly enough to compare:
+        "mean return 21.5 (last 100 episodes)"."""
+        with self.lock:
+            returns = list(self.recent_returns)
+        mean = f"{np.mean(returns):.6g}" if returns else "n/a"
+        return f"mean return {mean} (last {len(returns)} episodes)"
+
     def episode_extras_text(self) -> str:
         """The progress line's mean of each episode extra over the last 100 episodes, e.g.
         " True return 120.0, true move 9.5."; "" if the env has none."""

@@ -1,6 +1,6 @@
 """What every runtime does with the actors or processes it starts, written once: restart a
 dead one within a budget, end the run with one line when it cannot go on, start children
-with the stop signals blocked, and stop them by a deadline.
+with the stop signals blocked, stop them by a deadline, and stop on SIGTERM.
 
 Standard library only: PolyBeast's env side, which never imports torch, uses it too.
 """
@@ -12,7 +12,7 @@ import multiprocessing as mp
 import signal
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 MAX_DEATHS_PER_MINUTE_PER_ACTOR = 3
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
@@ -57,6 +57,70 @@ class Supervised:
         if self.error is None:
             self.error = message
         self.stopping.set()
+
+
+class Stopped(KeyboardInterrupt):
+    """A signal (Ctrl-C, or SIGTERM, which schedulers send before they take a machine)
+    stopped the run before its end. Its exit code is 128 + the signal's number, as a shell
+    reports a process the signal ended: a scheduler that restarts unfinished jobs sees one,
+    and the same command resumes it. (A KeyboardInterrupt, so that whatever unwinds on
+    Ctrl-C unwinds on it too.)"""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+        self.message = message
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+STOPPED_WHILE_STARTING = (
+    "stopped by SIGTERM before training began; nothing was lost: run the same command to "
+    "start (or resume)"
+)
+
+
+class Sigterm:
+    """What SIGTERM does to a training command: while the run starts, the first one raises
+    Stopped, which unwinds what has started (a Ray instance, env processes) as Ctrl-C
+    does; while it trains, each calls ``stop`` (the trainer's: stop, checkpoint, exit);
+    a later one while it stops changes nothing."""
+
+    def __init__(self):
+        self.received = False
+        self.stop: Callable[[], None] | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        first, self.received = not self.received, True
+        if self.stop is not None:
+            self.stop()
+        elif first:
+            raise Stopped(signum, STOPPED_WHILE_STARTING)
+
+
+@contextlib.contextmanager
+def sigterm_handled(stop: Callable[[], None] | None = None) -> Iterator[Sigterm]:
+    """Meanwhile SIGTERM is handled by a ``Sigterm`` (the command's, where its start
+    installed one); ``stop``: what it does while training, and afterwards nothing, since
+    the run is stopping anyway."""
+    installed = signal.getsignal(signal.SIGTERM)
+    if isinstance(installed, Sigterm):
+        installed.stop = stop
+        try:
+            yield installed
+        finally:
+            if stop is not None:
+                installed.stop = lambda: None
+        return
+    own = Sigterm()
+    own.stop = stop
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        yield own
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

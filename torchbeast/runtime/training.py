@@ -33,11 +33,12 @@ from torchbeast.core.replay import Replay
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs.family import flag_text
-from torchbeast.runtime.checkpointing import RunCheckpoint, not_restored_line
+from torchbeast.runtime.checkpointing import NOT_RESTORED_LINE, RunCheckpoint
 from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.layout import limit_learner_threads
 from torchbeast.runtime.pool import Pool
 from torchbeast.runtime.progress import PROGRESS_INTERVAL_S, Progress
+from torchbeast.runtime.supervision import Sigterm, Stopped, sigterm_handled
 
 log = logging.getLogger("torchbeast")
 
@@ -80,6 +81,10 @@ class Trainer:
             episode_extras=env_spec.episode_extras,
         )
         self.progress = Progress(run, self.total_steps, env_spec)
+        self.replay: Replay | None = None
+        if settings.replay.replay_size > 0:
+            check_replay_fits(settings.replay, env_spec, settings.learner.unroll_length)
+            self.replay = Replay(settings.replay.replay_size, settings.replay.learn_start)
         self.checkpoint = RunCheckpoint(
             settings,
             env_spec,
@@ -87,6 +92,7 @@ class Trainer:
             self.learner,
             self.progress,
             checkpoint.path_in(run.run_dir),
+            self.replay,
         )
         self.stop_requested = threading.Event()
         self.failure: BaseException | None = None  # the first, which the run says
@@ -96,11 +102,7 @@ class Trainer:
         # Wall-clock seconds spent in updates (and logging them): how busy the learner is.
         self.update_seconds = 0.0
         self.pool: Pool | None = None
-        self.replay: Replay | None = None
         self.batch_order_lock = threading.Lock()
-        if settings.replay.replay_size > 0:
-            check_replay_fits(settings.replay, env_spec, settings.learner.unroll_length)
-            self.replay = Replay(settings.replay.replay_size, settings.replay.learn_start)
 
     def create_pool(self) -> Pool:
         """Starts the actors with the learner's current weights."""
@@ -201,13 +203,15 @@ class Trainer:
             run.xpid,
             run.recorded_flags(env_id),
             sources=dict(run.sources),
-            resuming=resumed,
+            resumed_step=self.learner.step if resumed else None,
         )
         if resumed:
-            log.info("Resuming from %s at step %d.", self.checkpoint.path, self.learner.step)
+            log.info("Resuming from %s (%s).", self.checkpoint.path, self.checkpoint.summary())
             if self.checkpoint.changes:
                 log.warning("%s", self.checkpoint.changes)
-            log.info("%s", not_restored_line(self.replay is not None))
+            if self.checkpoint.replay_line:
+                log.info("%s", self.checkpoint.replay_line)
+            log.info("%s", NOT_RESTORED_LINE)
         log.info(
             "Training %s on %s: %s model, %d parameters, learner on %s.",
             run.xpid,
@@ -237,47 +241,9 @@ class Trainer:
             writer.close()
             return self.progress.last_stats
 
-        pool = self.pool = self.create_pool()
-
-        def request_stop(*_) -> None:
-            self.stop_requested.set()
-            pool.stopping.set()
-
-        previous_handler = signal.signal(signal.SIGTERM, request_stop)
-        threads: list[threading.Thread] = []
-        try:
-            pool.start()
-            threads = [
-                threading.Thread(target=self.learner_thread, args=(pool, writer), name=f"learn-{i}")
-                for i in range(run.num_learner_threads)
-            ]
-            for thread in threads:
-                thread.start()
-            self.monitor(pool, threads)
-        except KeyboardInterrupt:
-            log.info("Interrupted: saving a checkpoint and stopping the actors.")
-        finally:
-            # A second Ctrl-C must not cost the checkpoint.
-            previous_interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
-            request_stop()
-            for thread in threads:
-                thread.join()
-            try:
-                self.save_checkpoint()
-            finally:  # the actors stop and the files close whatever became of the checkpoint
-                pool.stop()
-                signal.signal(signal.SIGTERM, previous_handler)
-                signal.signal(signal.SIGINT, previous_interrupt)
-                successful = (
-                    self.learner.step >= self.total_steps
-                    and self.failure is None
-                    and pool.error is None
-                )
-                if successful:
-                    log.info("Learning finished after %d steps.", self.learner.step)
-                elif self.failure is None and pool.error is None:
-                    log.info("Stopped at step %d.", self.learner.step)
-                writer.close(successful)
+        with sigterm_handled(self.request_stop) as sigterm:
+            stop_signal = self.train_with_pool(writer, sigterm)
+        pool = self.pool
         if pool.error is not None:
             raise TrainingError(pool.error)
         if isinstance(self.failure, NonFiniteLossError):
@@ -293,7 +259,66 @@ class Trainer:
             )
         if self.failure is not None:
             raise self.failure
+        if stop_signal is not None and self.learner.step < self.total_steps:
+            name = signal.Signals(stop_signal).name
+            raise Stopped(
+                stop_signal,
+                f"stopped by {name} at step {self.learner.step}; {self.checkpoint.on_disk()}: "
+                "run the same command to resume",
+            )
         return self.progress.last_stats
+
+    def request_stop(self) -> None:
+        """Stops the run at the next safe point: the learner threads and the actors."""
+        self.stop_requested.set()
+        if self.pool is not None:
+            self.pool.stopping.set()
+
+    def train_with_pool(self, writer: FileWriter, sigterm: Sigterm) -> int | None:
+        """Starts the actors, learns until the end or a stop, then saves the checkpoint,
+        stops the actors and closes the files whatever happened; returns the signal that
+        stopped the run (SIGTERM or Ctrl-C's SIGINT), None for none."""
+        pool = self.pool = self.create_pool()
+        if sigterm.received:  # while the pool was made
+            self.request_stop()
+        interrupted = False
+        threads: list[threading.Thread] = []
+        try:
+            pool.start()
+            threads = [
+                threading.Thread(target=self.learner_thread, args=(pool, writer), name=f"learn-{i}")
+                for i in range(self.run.num_learner_threads)
+            ]
+            for thread in threads:
+                thread.start()
+            self.monitor(pool, threads)
+        except KeyboardInterrupt:
+            interrupted = True
+            log.info("Interrupted: saving a checkpoint and stopping the actors.")
+        finally:
+            # A second Ctrl-C must not cost the checkpoint.
+            previous_interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            self.request_stop()
+            for thread in threads:
+                thread.join()
+            try:
+                self.save_checkpoint()
+            finally:  # the actors stop and the files close whatever became of the checkpoint
+                pool.stop()
+                successful = (
+                    self.learner.step >= self.total_steps
+                    and self.failure is None
+                    and pool.error is None
+                )
+                if successful:
+                    log.info("Learning finished after %d steps.", self.learner.step)
+                elif self.failure is None and pool.error is None:
+                    log.info("Stopped at step %d.", self.learner.step)
+                writer.close(successful)
+                signal.signal(signal.SIGINT, previous_interrupt)
+        if interrupted:
+            return signal.SIGINT
+        return signal.SIGTERM if sigterm.received else None
 
     def monitor(self, pool: Pool, threads: list[threading.Thread]) -> None:
         """Prints progress, checkpoints on time, and returns when training should end."""

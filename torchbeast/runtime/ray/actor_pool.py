@@ -34,7 +34,10 @@ class RayActorPool(Pool):
         env_spec: EnvSpec,
         config: dict,
         weights: RayWeights,
+        first_incarnation: int = 0,
     ):
+        """``first_incarnation``: the number of the actors' first incarnations (which
+        their seeds follow from)."""
         super().__init__()
         self.settings, self.env_spec, self.config, self.weights = (
             settings,
@@ -50,7 +53,7 @@ class RayActorPool(Pool):
         )
         self.lock = threading.Lock()
         self.actors: list = [None] * num_actors
-        self.incarnations = [0] * num_actors
+        self.incarnations = [first_incarnation] * num_actors
         self.pending: dict[ray.ObjectRef, tuple[int, int]] = {}  # task -> (actor, incarnation)
         self.restarts = RestartBudget(num_actors)
         self.timings = np.zeros(4)  # env, inference, all CPU seconds; agent steps

@@ -36,7 +36,13 @@ class RayTrainer(Trainer):
         if self.connected:  # now that out.log exists
             log.info("%s", self.connected)
         self.weights.publish(self.learner.model)
-        return RayActorPool(self.settings, self.env_spec, self.config, self.weights)
+        return RayActorPool(
+            self.settings,
+            self.env_spec,
+            self.config,
+            self.weights,
+            self.checkpoint.first_incarnation(),
+        )
 
     def publish(self, model: nn.Module) -> None:
         self.weights.publish(model)
@@ -48,13 +54,19 @@ def connect(settings: Settings) -> str:
     quiet = dict(logging_level=logging.WARNING, log_to_driver=not settings.run.suppress_logs)
     address = settings.runtime.ray_address
     started = time.monotonic()
+    # Ray's driver installs a SIGTERM handler of its own that aborts the process; this
+    # program's (a checkpoint, then a clean stop, ``runtime.supervision``) is put back.
+    handler = signal.getsignal(signal.SIGTERM)
     if address is None:
         # Ray's daemons inherit this signal mask (Ray itself blocks SIGINT for them). A
         # SIGTERM to the whole process group, as job schedulers send, must reach only the
         # driver, which then saves a checkpoint and stops Ray; a raylet that died first
         # would take the driver down with it.
         with signals_blocked({signal.SIGTERM}):
-            ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, **quiet)
+            try:
+                ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, **quiet)
+            finally:  # before a SIGTERM that came meanwhile is delivered
+                signal.signal(signal.SIGTERM, handler)
         where = "a local Ray instance (127.0.0.1)"
     else:
         try:
@@ -65,6 +77,8 @@ def connect(settings: Settings) -> str:
                 f"{last_line(error)}. Start one with `ray start --head`, or leave out "
                 "--ray_address to run Ray on this machine"
             ) from None
+        finally:
+            signal.signal(signal.SIGTERM, handler)
         where = f"the Ray cluster at {address}"
     seconds = time.monotonic() - started
     cpus = ray.cluster_resources().get("CPU", 0)
@@ -76,10 +90,9 @@ def connect(settings: Settings) -> str:
 def session(settings: Settings) -> Iterator[RayTrainer]:
     """A trainer on a running Ray (a local instance started here, or --ray_address);
     a local instance is stopped at the end."""
-    connected = connect(settings)
     try:
-        yield RayTrainer(settings, connected)
-    finally:
+        yield RayTrainer(settings, connect(settings))
+    finally:  # also when a signal stopped the run while Ray started
         ray.shutdown()
 
 

@@ -1,0 +1,176 @@
+"""A run killed, preempted or stopped twice comes back with its own command: real training
+processes, real signals (SIGKILL as the kernel's OOM killer sends it, SIGTERM as a
+scheduler does before it takes the machine)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import torch
+
+from tests.test_monobeast import (
+    REPO,
+    SMALL_RUN,
+    STOPPED_BY_SIGTERM,
+    actor_pids,
+    alive,
+    read_rows,
+    wait_for,
+    wait_for_rows,
+)
+from tests.test_polybeast import LEARNER, text
+
+LASER = ["--replay_size", "2000", "--learn_start", "200"]
+
+
+def start_run(tmp_path, *args: str, log: str = "run.log") -> subprocess.Popen:
+    """MonoBeast in its own process group, as under a job scheduler."""
+    command = [sys.executable, "-m", "torchbeast.monobeast", "--savedir", str(tmp_path), *args]
+    with open(tmp_path / log, "w") as output:
+        return subprocess.Popen(
+            command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def lines_with(path, fragment: str) -> list[str]:
+    """The lines of the file at ``path`` that hold ``fragment`` (none before it exists)."""
+    if not os.path.exists(path):
+        return []
+    return [line for line in text(path).splitlines() if fragment in line]
+
+
+def summary(line: str, prefix: str) -> str:
+    """The figures a checkpoint line carries: what follows ``prefix`` in parentheses."""
+    return re.search(re.escape(prefix) + r"\S+ \((.*)\)\.$", line).group(1)
+
+
+def checkpoint_files(run_dir) -> list[str]:
+    """Half-written checkpoints (temp files) in the run's folder."""
+    return glob.glob(os.path.join(run_dir, ".model.*.tmp"))
+
+
+def test_a_killed_run_resumes_with_the_figures_of_its_last_checkpoint(tmp_path):
+    run = [*SMALL_RUN, *LASER, "--total_steps", "10000000", "--xpid", "r"]
+    run += ["--checkpoint_interval", "2", "--seed", "3"]
+    out_log = tmp_path / "r" / "out.log"
+    first = start_run(tmp_path, *run)
+    try:
+        wait_for_rows(out_log.parent / "logs.csv", 15)  # a replay past --learn_start
+        saves = len(lines_with(out_log, "Saved LASER's replay beside it"))
+        wait_for(
+            lambda: len(lines_with(out_log, "Saved LASER's replay beside it")) > saves,
+            60,
+            "a checkpoint with a replay",
+        )
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # no handler runs: what is on disk is all
+        first.wait(timeout=30)
+    saved_line = lines_with(out_log, "Saving checkpoint to")[-1]
+    saved_replay = lines_with(out_log, "Saved LASER's replay beside it")[-1]
+    saved_step = int(re.search(r"\(step (\d+),", saved_line).group(1))
+    assert saved_step > 0
+
+    logs = out_log.parent / "logs.csv"
+    killed_steps = [int(row["step"]) for row in read_rows(logs)]
+    assert killed_steps[-1] > saved_step  # it learned on after its last checkpoint
+
+    second = start_run(tmp_path, *run, log="resumed.log")
+    resumed_step = saved_step + 4 * 20  # one update of B=4 rollouts of T=20 steps
+    try:
+        wait_for(lambda: lines_with(out_log, "Resuming from"), 120, "the resume")
+        wait_for(
+            lambda: resumed_step in [int(row["step"]) for row in read_rows(logs)],
+            60,
+            "the resumed run's first update",
+        )
+    finally:
+        os.killpg(second.pid, signal.SIGTERM)
+        assert second.wait(timeout=60) == STOPPED_BY_SIGTERM
+    (resumed_line,) = lines_with(out_log, "Resuming from")
+    # The step, the 100-episode window and the learning rate go on from the checkpoint.
+    assert summary(resumed_line, "Resuming from ") == summary(saved_line, "Saving checkpoint to ")
+    count = int(re.search(r": (\d+) of its", saved_replay).group(1))
+    assert count > 0
+    (restored,) = lines_with(out_log, "Restored LASER's replay")
+    assert restored.endswith(f": {count} transitions.")
+    # The resumed run's rows follow the checkpoint's; the killed run's rows of the steps
+    # it learns again are cut, from logs.csv as from TensorBoard.
+    steps = [int(row["step"]) for row in read_rows(logs)]
+    assert steps == sorted(steps)
+    assert steps[: steps.index(resumed_step)] == [s for s in killed_steps if s <= saved_step]
+    (cut,) = lines_with(out_log, "which the checkpoint does not hold")
+    assert f"held {len(killed_steps) - killed_steps.index(saved_step) - 1} rows" in cut
+
+
+def test_sigterm_during_a_checkpoint_write_leaves_a_whole_checkpoint(tmp_path):
+    # A model of ~5M parameters: each write takes long enough to be caught in the act.
+    run = [*SMALL_RUN, "--hidden_size", "1500", "--num_layers", "3", "--total_steps", "10000000"]
+    run += ["--checkpoint_interval", "0.5", "--xpid", "r"]
+    process = start_run(tmp_path, *run)
+    run_dir = tmp_path / "r"
+    try:
+        wait_for_rows(run_dir / "logs.csv", 1)
+        wait_for(lambda: checkpoint_files(run_dir), 60, "a checkpoint being written")
+        os.kill(process.pid, signal.SIGTERM)
+        assert process.wait(timeout=60) == STOPPED_BY_SIGTERM, text(tmp_path / "run.log")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert_stopped_whole(tmp_path, run_dir)
+
+
+def test_sigterm_twice_in_a_row_stops_once_with_a_whole_checkpoint(tmp_path):
+    run = [*SMALL_RUN, "--total_steps", "10000000", "--xpid", "r"]
+    process = start_run(tmp_path, *run)
+    run_dir = tmp_path / "r"
+    try:
+        wait_for_rows(run_dir / "logs.csv", 3)
+        actors = actor_pids(process.pid)
+        assert actors
+        os.killpg(process.pid, signal.SIGTERM)  # the whole group, as schedulers send it
+        os.killpg(process.pid, signal.SIGTERM)  # and again, before the first is handled
+        assert process.wait(timeout=60) == STOPPED_BY_SIGTERM, text(tmp_path / "run.log")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert_stopped_whole(tmp_path, run_dir)
+    wait_for(lambda: not any(alive(pid) for pid in actors), 10, "actors to exit")
+    # The same command is the way back.
+    again = start_run(tmp_path, *run[:-4], "--total_steps", "1", "--xpid", "r", log="again.log")
+    assert again.wait(timeout=120) == 0, text(tmp_path / "again.log")
+    assert "Already trained to" in text(tmp_path / "again.log")
+
+
+def assert_stopped_whole(tmp_path, run_dir) -> None:
+    """The run said once where it stopped, and its checkpoint holds its last logged step."""
+    output = text(tmp_path / "run.log")
+    assert output.count("Stopped at step") == 1, output
+    last_line = output.strip().splitlines()[-1]
+    assert last_line.startswith("stopped by SIGTERM at step ") and "resume" in last_line
+    assert "Traceback" not in output
+    state = torch.load(run_dir / "model.tar", weights_only=True)
+    assert state["step"] == int(read_rows(run_dir / "logs.csv")[-1]["step"])
+    assert not checkpoint_files(run_dir)
+
+
+def test_sigterm_while_a_learner_waits_for_its_first_environment_stops_it(
+    tmp_path, processes, sockets
+):
+    # A learner scheduled before its env clients: it may be taken away while it waits.
+    learner_log = tmp_path / "learner.log"
+    learner = processes(  # not told the env: it waits for the first to say what it is
+        "torchbeast.polybeast_learner", *LEARNER[2:], "--serve", f"unix:{sockets}/learner",
+        "--total_steps", "100000", "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
+    )  # fmt: skip
+    wait_for(lambda: "Waiting for the first environment" in text(learner_log), 60, "waiting")
+    os.kill(learner.pid, signal.SIGTERM)
+    assert learner.wait(timeout=30) == STOPPED_BY_SIGTERM, text(learner_log)
+    lines = text(learner_log).strip().splitlines()
+    assert lines[-1].startswith("stopped by SIGTERM before training began; nothing was lost")
+    assert "Traceback" not in text(learner_log)
+    assert not os.path.exists(tmp_path / "r" / "model.tar")  # nothing to save, none written
