@@ -211,3 +211,23 @@ def test_save_to_a_relative_path_writes_in_the_current_directory(tmp_path, monke
     checkpoint.save("model.tar", dict(step=5))
     assert os.listdir(tmp_path) == ["model.tar"]
     assert checkpoint.load(str(tmp_path / "model.tar")) == dict(step=5)
+
+
+def test_a_checkpoints_own_strings_reach_a_refusal_bounded_and_on_one_line():
+    state = training_state()
+    state["env"] = "Forged\n[ERROR] another line" + "x" * 2**20
+    with pytest.raises(CheckpointError) as error:
+        checkpoint.check_compatible(state, "CartPole-v1", state["model_config"], "run/model.tar")
+    message = str(error.value)
+    assert "\n" not in message and len(message) < 700
+    assert "Forged\\n[ERROR] another line" in message and f"({len(state['env'])} chars)" in message
+
+
+def test_a_checkpoint_whose_env_id_is_not_a_name_is_refused_in_one_bounded_line():
+    state = training_state()
+    state["env"] = "CartPole-v1\n" * 100_000
+    with pytest.raises(CheckpointError) as error:
+        checkpoint.saved_env_id(state, "run/model.tar")
+    message = str(error.value)
+    assert message.startswith("run/model.tar is damaged: its env id 'CartPole-v1\\nCartPole")
+    assert "\n" not in message and len(message) < 400

@@ -9,7 +9,7 @@ import tempfile
 import numpy as np
 import torch
 
-from torchbeast.core.errors import UserError
+from torchbeast.core.errors import SHOWN_CHARS, UserError, shown
 from torchbeast.core.spec import EnvSpec
 
 FILE_NAME = "model.tar"  # in the run's folder, savedir/xpid
@@ -28,7 +28,11 @@ def saved_env_id(state: dict, path: str) -> str:
     """The env id a checkpoint records; one clear error for a file that has none."""
     if "env" not in state:
         raise CheckpointError(f"{path} is not a torchbeast checkpoint (no env)")
-    return state["env"]
+    env_id = state["env"]
+    if not (isinstance(env_id, str) and env_id.isprintable() and len(env_id) <= SHOWN_CHARS):
+        # What follows names the env id in its lines: it must be a name, not a page.
+        raise CheckpointError(f"{path} is damaged: its env id {shown(env_id)} is not a name")
+    return env_id
 
 
 def save(path: str, state: dict) -> None:
@@ -115,9 +119,10 @@ def check_spec(state: dict, spec: EnvSpec, path: str) -> None:
 
 def describe_spec(spec: EnvSpec) -> str:
     """``CartPole-v1 (float32 [4], 2 actions)``, with ``, episode extras a, b`` if any."""
-    extras = f", episode extras {', '.join(spec.episode_extras)}" if spec.episode_extras else ""
+    names = shown(", ".join(spec.episode_extras), quote=False)  # a checkpoint's, maybe
+    extras = f", episode extras {names}" if spec.episode_extras else ""
     return (
-        f"{spec.env_id} ({np.dtype(spec.observation_dtype).name} "
+        f"{shown(spec.env_id, quote=False)} ({np.dtype(spec.observation_dtype).name} "
         f"{list(spec.observation_shape)}, {spec.num_actions} actions{extras})"
     )
 
@@ -126,6 +131,7 @@ def check_optimizer(state: dict, optimizer: str, path: str) -> None:
     """Refuses to resume with another optimizer: its saved state would not fit."""
     saved = state.get("flags", {}).get("optimizer", "rmsprop")  # older checkpoints: RMSprop
     if saved != optimizer:
+        saved = shown(saved, quote=False)
         raise CheckpointError(
             f"checkpoint {path} was trained with --optimizer {saved}, not {optimizer}: "
             f"pass --optimizer {saved}, or another --xpid"
@@ -138,6 +144,7 @@ def check_compatible(state: dict, env_id: str, model_config: dict, path: str) ->
         raise CheckpointError(f"{path} is not a torchbeast checkpoint (no env or model config)")
     saved_env = state["env"]
     if saved_env != env_id:
+        saved_env = shown(saved_env, quote=False)  # the file's: bounded, on one line
         raise CheckpointError(
             f"checkpoint {path} was trained on {saved_env}, not {env_id}: "
             f"pass --env {saved_env}, or another --xpid"
@@ -145,7 +152,7 @@ def check_compatible(state: dict, env_id: str, model_config: dict, path: str) ->
     saved_model = state["model_config"]
     if saved_model != model_config:
         differences = ", ".join(
-            f"{key} {saved_model.get(key)} (given {model_config.get(key)})"
+            f"{key} {shown(saved_model.get(key), quote=False)} (given {model_config.get(key)})"
             for key in sorted(model_config)
             if saved_model.get(key) != model_config.get(key)
         )
