@@ -129,13 +129,31 @@ def test_smooth_is_trailing_mean_over_window():
     assert smoothed.tolist() == [1.0, 2.0, 4.0, 6.0]
 
 
-def test_return_curve_drops_rows_without_return(tmp_path):
-    logs = curves.read_logs(write_run(tmp_path, "run"))
+def test_the_return_curve_is_the_consoles_mean_of_the_last_100_episodes_where_logged():
+    logs = {
+        "step": np.array([80.0, 160.0, 240.0, 320.0]),
+        "episodes": np.array([60.0, 0.0, 60.0, 40.0]),
+        "mean_episode_return": np.array([1.0, np.nan, 2.0, 3.0]),
+        # The console's own figure, logged from the third row on (a run resumed by a
+        # newer version); before it, the curve computes it from whole rows.
+        curves.LAST_100_COLUMN: np.array([np.nan, np.nan, 1.5, 2.5]),
+    }
+    steps, returns = curves.return_last_100_curve(logs)
+    assert steps.tolist() == [80.0, 160.0, 240.0, 320.0]
+    assert returns.tolist() == [1.0, 1.0, 1.5, 2.5]
+    del logs[curves.LAST_100_COLUMN]
+    _, computed = curves.return_last_100_curve(logs)
+    # After the last row: 40 at 3 and 60 at 2 (whole rows back until 100 ended).
+    assert computed.tolist() == pytest.approx([1.0, 1.0, 1.5, 2.4])
 
-    steps, returns = curves.return_curve(logs)
 
-    assert steps.tolist() == [6400.0, 9600.0]
-    assert returns.tolist() == [-21.0, -20.5]
+def test_load_logs_reads_a_resumed_runs_logs_into_one_dataframe(tmp_path):
+    text = "# _tick,_time,step,mean_episode_return\n0,1.0,80,-21\n"
+    text += "# _tick,_time,step,mean_episode_return,episodes\n1,2.0,160,-20,3\n"
+    frame = curves.load_logs(write_run(tmp_path, "run", text))
+    assert list(frame.columns) == ["_tick", "_time", "step", "mean_episode_return", "episodes"]
+    assert frame["step"].tolist() == [80.0, 160.0]  # numbers, and no header read as a row
+    assert np.isnan(frame["episodes"][0]) and frame["episodes"][1] == 3.0
 
 
 def test_sps_curve_averages_steps_over_the_time_window_without_sps_column(tmp_path):
@@ -313,3 +331,17 @@ def test_a_light_log_of_a_log_without_episode_counts_weighs_rows_alike(tmp_path)
     np.testing.assert_array_equal(light["mean_episode_return"], [2, 8])
     with pytest.raises(SystemExit):
         lightlog.main([str(plain), str(tmp_path / "out.csv"), "--every_steps", "0"])
+
+
+def test_label_names_each_run_in_the_order_given(tmp_path, capsys):
+    first, second = tmp_path / "a" / "run", tmp_path / "b" / "run"
+    write_run(tmp_path / "a", "run"), write_run(tmp_path / "b", "run")
+    # Two folders of one name: the legend could not tell them apart.
+    assert plot.main([str(first), str(second)]) == 1
+    assert "same label" in capsys.readouterr().err
+    assert plot.main([str(first), str(second), "--label", "seed 1"]) == 1
+    assert "1 --label for 2 runs" in capsys.readouterr().err
+    out = tmp_path / "both.png"
+    labels = ["--label", "seed 1", "--label", "seed 2"]
+    assert plot.main([str(first), str(second), *labels, "--out", str(out)]) == 0
+    assert_is_png_figure(out)

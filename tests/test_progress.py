@@ -1,6 +1,8 @@
 """The console's progress line: steps of the total, time left, SPS (and, from the
 trainer, the mean return and the policy entropy)."""
 
+import math
+
 import pytest
 
 from torchbeast.runtime.progress import format_duration, progress_text
@@ -51,3 +53,27 @@ def test_episodes_for_avg_prints_each_episode_once_when_enough_have_ended(tmp_pa
     run.progress.record({}, [3.0, 6.0])
     assert run.progress.mean_return_text() == " Mean return (last 4 episodes) 3.0."
     assert run.progress.mean_return_text() == ""
+
+
+def test_the_best_100_episode_mean_is_kept_from_full_windows_and_saved(tmp_path):
+    run = trainer(tmp_path=tmp_path)
+    run.progress.record({"step": 80}, [50.0] * 60)  # 60 episodes: no full window yet
+    assert run.progress.best_text() == ""
+    run.progress.record({"step": 160}, [10.0] * 40)
+    run.progress.record({"step": 240}, [90.0] * 50)
+    run.progress.record({"step": 320}, [0.0] * 100)
+    # Windows after each: 34.0 (60 x 50, 40 x 10), then 50.0 (10 x 50, 40 x 10, 50 x 90).
+    assert run.progress.best_text() == ", best 50.0 at step 240"
+    assert run.progress.figures()["mean_return_last_100"] == 0.0
+    resumed = trainer(tmp_path=tmp_path)
+    resumed.progress.load_state_dict(run.progress.state_dict())
+    assert resumed.progress.best_text() == ", best 50.0 at step 240"
+
+
+def test_the_logged_figures_are_the_progress_lines(tmp_path):
+    run = trainer(tmp_path=tmp_path)
+    figures = run.progress.figures()
+    assert math.isnan(figures["mean_return_last_100"]) and math.isnan(figures["sps"])
+    run.progress.record({"step": 80, "policy_entropy": 0.69}, [1.0, 2.0])
+    run.progress.print(80, 1234.5)
+    assert run.progress.figures() == {"mean_return_last_100": 1.5, "sps": 1234.5}

@@ -291,3 +291,28 @@ def test_a_damaged_replay_file_is_said_and_the_run_goes_on_with_an_empty_replay(
         if "LASER's replay starts empty" in line
     ]
     assert "does not fit this run" in line and "\x1b" not in line and len(line) < 600
+
+
+def test_every_logged_row_carries_the_consoles_mean_of_the_last_100_episodes(tmp_path):
+    trainer = InProcessTrainer(make_flags(tmp_path, "--total_steps", "2000"))
+    trainer.train()
+    rows = read_rows(tmp_path / "run" / "logs.csv")
+    assert float(rows[-1]["mean_return_last_100"]) == pytest.approx(
+        sum(trainer.progress.recent_returns) / len(trainer.progress.recent_returns)
+    )
+
+
+def test_a_run_says_where_its_files_are_at_start_and_sums_itself_up_at_the_end(tmp_path):
+    trainer = InProcessTrainer(make_flags(tmp_path, "--total_steps", "2000"))
+    trainer.train()
+    lines = (tmp_path / "run" / "out.log").read_text().splitlines()
+    run_dir = tmp_path / "run"
+    (start,) = [line for line in lines if "Run folder:" in line]
+    assert f"Curves: tensorboard --logdir {run_dir}, or python -m torchbeast.plot {run_dir}" in (
+        start
+    )
+    summary = lines[-1]
+    assert "Summary: step 2000 of 2000, 2000 of them in " in summary
+    assert f"{trainer.progress.window_text('.1f')}, best " in summary
+    assert f"the checkpoint {run_dir / 'model.tar'} holds step 2000" in summary
+    assert summary.endswith(f"curve: python -m torchbeast.plot {run_dir}")

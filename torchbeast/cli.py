@@ -9,7 +9,7 @@ from collections.abc import Callable
 import gymnasium as gym
 import torch
 
-from torchbeast import evaluation
+from torchbeast import evaluation, video
 from torchbeast.config.flags import parse_flags_and_sources
 from torchbeast.config.settings import Settings, build_settings
 from torchbeast.core.errors import UserError
@@ -59,6 +59,13 @@ def run(
     flags, sources = parse_flags_and_sources(argv, parser)
     settings = build_settings(flags, runtime, sources)
     mode = settings.run.mode
+    if settings.run.video is not None:
+        if mode in ("train", "test_render"):
+            parser.error(f"--video records the games of --mode test and eval, not {mode}")
+        try:
+            video.check_path(settings.run.video)
+        except video.VideoError as error:
+            parser.error(str(error))
     if mode == "train":
         train = train or RUNTIMES[runtime].train
         # Before the runtime starts: its first lines (listening, connecting) obey it too.

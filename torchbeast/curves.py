@@ -13,6 +13,9 @@ import numpy as np
 
 LOGS_NAME = "logs.csv"
 SPS_WINDOW_S = 10.0  # seconds of log rows each SPS point averages over
+RETURN_WINDOW = 100  # episodes: the console's "mean return (last 100 episodes)"
+# The console's running figures, as runs since 2026-11-27 log them in every row.
+LAST_100_COLUMN = "mean_return_last_100"
 
 
 def _to_float(cell: str) -> float:
@@ -22,7 +25,7 @@ def _to_float(cell: str) -> float:
 
 def read_logs(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """Read a torchbeast ``logs.csv`` (or the run folder holding it, or a gzipped copy
-    such as the ``docs/runs/*.logs.csv.gz`` the README's curves come from).
+    such as the ``docs/runs/*.logs.csv.gz`` the manual's curves come from).
 
     Returns one float array per column, all of the same length (one entry per
     data row). Empty cells are NaN. Every ``# `` line is a header whose field
@@ -63,6 +66,48 @@ def read_logs(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     }
 
 
+def load_logs(path: str | os.PathLike[str]):
+    """A run's ``logs.csv`` (its folder, or a gzipped copy) as a pandas DataFrame: one
+    row per update, numbers as floats, the ``# `` headers of a resumed run read as
+    headers. (``pandas.read_csv`` alone would name the first column ``# _tick`` and read a
+    repeated header as a row.)"""
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError("load_logs needs pandas: pip install pandas") from None
+    return pandas.DataFrame(read_logs(path))
+
+
+def last_episodes_mean(logs: dict[str, np.ndarray], count: int = RETURN_WINDOW) -> np.ndarray:
+    """At each row, the mean return of the last ``count`` episodes, from the rows' episode
+    counts and mean returns: whole rows back until ``count`` episodes ended (all of them
+    while fewer have); NaN until one has. The figure of logs without the console's own
+    column (``LAST_100_COLUMN``), and of the learning checks."""
+    episodes = np.nan_to_num(logs.get("episodes", np.zeros(0)))
+    returns = logs.get("mean_episode_return", np.full(episodes.shape, math.nan))
+    ended = np.where(np.isfinite(returns), episodes, 0.0)
+    total_episodes = np.cumsum(ended)  # [rows]
+    total_returns = np.cumsum(np.nan_to_num(returns) * ended)
+    # The row before the window: the last whose total leaves ``count`` episodes after it.
+    before = np.searchsorted(total_episodes, total_episodes - count, side="right") - 1
+    start_episodes = np.where(before >= 0, total_episodes[before.clip(min=0)], 0.0)
+    start_returns = np.where(before >= 0, total_returns[before.clip(min=0)], 0.0)
+    seen = total_episodes - start_episodes
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(seen > 0, (total_returns - start_returns) / seen, math.nan)
+
+
+def return_last_100_curve(logs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Steps and the mean return of the last 100 episodes, the console's figure: its
+    ``LAST_100_COLUMN`` where the run logged it, else ``last_episodes_mean``."""
+    computed = last_episodes_mean(logs)
+    logged = logs.get(LAST_100_COLUMN)
+    values = computed if logged is None else np.where(np.isfinite(logged), logged, computed)
+    steps = logs["step"]
+    keep = np.isfinite(steps) & np.isfinite(values)
+    return steps[keep], values[keep]
+
+
 def smooth(values: np.ndarray, window: int) -> np.ndarray:
     """Trailing rolling mean over ``window`` points (fewer at the start)."""
     if window < 1:
@@ -74,14 +119,6 @@ def smooth(values: np.ndarray, window: int) -> np.ndarray:
     sums[window:] = sums[window:] - sums[:-window]
     counts = np.minimum(np.arange(1, values.size + 1), window)
     return sums / counts
-
-
-def return_curve(logs: dict[str, np.ndarray], window: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Steps and mean episode return, NaN rows dropped, then smoothed over ``window``."""
-    steps = logs["step"]
-    returns = logs.get("mean_episode_return", np.full_like(steps, math.nan))
-    keep = np.isfinite(steps) & np.isfinite(returns)
-    return steps[keep], smooth(returns[keep], window)
 
 
 def sps_curve(

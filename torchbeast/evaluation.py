@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from torchbeast import envs
+from torchbeast import envs, video
 from torchbeast.config.settings import Settings
 from torchbeast.core import checkpoint
 from torchbeast.core.models import create_model, model_config
@@ -93,8 +93,12 @@ def checkpoint_model_config(
 
 
 def play(settings: Settings, trained: Trained, render: bool = False) -> list[Episode]:
-    """Plays ``--num_episodes`` whole games greedily with the checkpoint's model."""
-    env = envs.create_env(trained.env, num_envs=1, render=render)
+    """Plays ``--num_episodes`` whole games greedily with the checkpoint's model; with
+    ``--video``, records the first ``--video_steps`` agent steps of them."""
+    run = settings.run
+    recorder = None if run.video is None else video.Recorder(run.video, run.video_steps)
+    render_mode = "human" if render else ("rgb_array" if recorder else None)
+    env = envs.create_env(trained.env, num_envs=1, render=render_mode)
     proxy = envs.reward_description(trained.env) is not None
     return_name = "proxy_return" if proxy else "return"
     state = trained.state
@@ -107,10 +111,14 @@ def play(settings: Settings, trained: Trained, render: bool = False) -> list[Epi
         episodes: list[Episode] = []
         env_output = as_tensors(env.reset(seed=trained.env.seed))
         core_state = model.initial_state(1)
+        if recorder is not None:
+            recorder.add(env.frame())
         while len(episodes) < settings.run.num_episodes:
             agent_output, core_state = act(model, env_output, core_state)
             step = env.step(agent_output["action"].numpy())
             env_output = as_tensors(step)
+            if recorder is not None and not recorder.full:
+                recorder.add(env.frame())
             if step["episode_end"][0]:
                 episodes.append(
                     Episode(
@@ -129,6 +137,13 @@ def play(settings: Settings, trained: Trained, render: bool = False) -> list[Epi
                     episodes[-1].length,
                     episodes[-1].episode_return,
                 )
+        if recorder is not None:
+            log.info(
+                "Recorded %d steps of play in %s (%.0f s).",
+                recorder.save(),
+                recorder.path,
+                len(recorder.frames) / recorder.fps,
+            )
         return episodes
     finally:
         env.close()

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from torchbeast.curves import read_logs
+from torchbeast.curves import last_episodes_mean, read_logs
 
 POLL_S = 1.0
 
@@ -87,7 +87,7 @@ CHECKS = {
         "CartPole-v1", 500_000, 450.0, (), "500.0 in 6 runs of 6; 450 first at 134K-148K"
     ),
     # LASER's shared replay, one replayed rollout per online one, with the settings of the
-    # README's LASER figure (with one step per batch and B=16, T=5 it ended at 290 at 500K).
+    # the manual's LASER figure (with one step per batch and B=16, T=5 it ended at 290 at 500K).
     # Its high learning rate reaches 400 early and then wanders (ends of 218-443 in 3 runs
     # with one step per batch): the check asks for the best 100-episode mean within 500K.
     "cartpole-laser": Check(
@@ -122,31 +122,19 @@ DEFAULT_CHECKS = ("pixelcue", "cartpole", "cartpole-laser", "minatar-breakout")
 
 
 def mean_of_last_episodes(logs: dict[str, np.ndarray], count: int = 100) -> float:
-    """The mean return of the last ``count`` episodes (fewer if fewer ended), from the
-    per-update means and episode counts in logs.csv; NaN if none ended."""
-    episodes = np.nan_to_num(logs.get("episodes", np.zeros(0)))
-    returns = logs.get("mean_episode_return", np.full(episodes.shape, np.nan))
-    total, seen = 0.0, 0
-    for n, mean in zip(episodes[::-1], returns[::-1], strict=True):
-        if n > 0 and np.isfinite(mean):
-            total += float(mean) * int(n)
-            seen += int(n)
-        if seen >= count:
-            break
-    return total / seen if seen else float("nan")
+    """The mean return of the last ``count`` episodes at the log's end (whole rows, fewer
+    if fewer ended: ``curves.last_episodes_mean``); NaN if none ended."""
+    means = last_episodes_mean(logs, count)
+    return float(means[-1]) if means.size else float("nan")
 
 
 def best_mean_of_episodes(logs: dict[str, np.ndarray], count: int = 100) -> float:
     """The best mean return over ``count`` consecutive episodes the run reached (whole log
-    rows, as ``mean_of_last_episodes`` counts them at each row); NaN if fewer ended."""
+    rows, at each row where episodes ended); NaN if fewer ended."""
     episodes = np.nan_to_num(logs.get("episodes", np.zeros(0)))
-    best = float("nan")
-    for end in range(1, len(episodes) + 1):
-        if episodes[end - 1] > 0:
-            rows = {key: values[:end] for key, values in logs.items()}
-            if np.nansum(episodes[:end]) >= count:
-                best = np.nanmax([best, mean_of_last_episodes(rows, count)])
-    return float(best)
+    means = last_episodes_mean(logs, count)
+    reached = (episodes > 0) & (np.cumsum(episodes) >= count)
+    return float(np.nanmax(means[reached])) if reached.any() else float("nan")
 
 
 def last_logged_step(logs_path: str) -> int:
@@ -227,7 +215,8 @@ def run_check(
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
+    """The checks to run and where; any other flag goes to every run (parse_known_args)."""
     parser = argparse.ArgumentParser(
         prog="python -m torchbeast.learncheck",
         description="Short training runs whose final mean return must reach a known band. "
@@ -243,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--savedir", default="~/logs/torchbeast", help="where the runs are kept (%(default)s)"
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
     args, extra_flags = parser.parse_known_args(argv)
     unknown = [name for name in args.checks if name not in CHECKS]
     if unknown:

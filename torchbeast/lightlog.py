@@ -6,11 +6,18 @@ KB gzipped, against ~60,000 rows and ~10 MB).
 
 Each row of the light log sums the rows of its span of steps: ``episodes`` is their sum,
 each ``mean_episode_*`` figure the mean over every episode that ended in the span (weighted
-by the episodes of each row), ``_tick``, ``_time`` and ``step`` those of the span's last
-row, and every other column (losses, diagnostics, learning rate) the mean of the span's
-rows. So a curve of the mean return, and the mean of the last N episodes at a span's end,
-read from the light log as from the full one; ``torchbeast.plot`` and ``curves.read_logs``
-read both. The README's committed logs follow this rule.
+by the episodes of each row), every other column (losses, diagnostics, learning rate) the
+mean of the span's rows; ``_tick``, ``_time``, ``step`` are those of the span's last row,
+and so are two running figures: ``mean_return_last_100`` (the console's mean of the last
+100 episodes; for logs older than that column, computed from whole rows as
+``curves.last_episodes_mean`` does) and ``best_mean_return_last_100`` (the best of those
+so far, over rows where 100 episodes had ended). So the mean return of the last 100
+episodes at any multiple of ``--every_steps``, and the best of the run, read from the light
+log exactly as from the full one; a step where a curve first crosses a level, to within a
+span. ``torchbeast.plot`` and ``curves.read_logs`` read both kinds of log.
+
+The rule for the logs committed to this repository: light logs only, made with this
+command at its default span (10,000 agent steps), named ``docs/runs/<run>.logs.csv.gz``.
 """
 
 from __future__ import annotations
@@ -23,9 +30,29 @@ from pathlib import Path
 import numpy as np
 
 from torchbeast.config.values import positive_int
-from torchbeast.curves import read_logs
+from torchbeast.curves import LAST_100_COLUMN, RETURN_WINDOW, last_episodes_mean, read_logs
 
-LAST_OF_SPAN = ("_tick", "_time", "step")
+# Columns taken from a span's last row: its place, and the running figures (the mean of
+# the last 100 episodes is the console's figure at that row already).
+# The best mean of 100 episodes in a row so far, at each row (a light log's own column).
+BEST_COLUMN = "best_mean_return_last_100"
+LAST_OF_SPAN = ("_tick", "_time", "step", LAST_100_COLUMN, BEST_COLUMN)
+
+
+def with_running_figures(logs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``logs`` with the console's mean of the last 100 episodes in every row (computed
+    from whole rows, ``curves.last_episodes_mean``, where the run did not log it), and the
+    best such mean so far (``BEST_COLUMN``: over rows where 100 episodes had ended), so
+    that a light log keeps them exact at each span's end."""
+    computed = last_episodes_mean(logs)
+    logged = logs.get(LAST_100_COLUMN)
+    last_100 = computed if logged is None else np.where(np.isfinite(logged), logged, computed)
+    episodes = np.nan_to_num(logs.get("episodes", np.zeros(last_100.size)))
+    reached = (episodes > 0) & (np.cumsum(episodes) >= RETURN_WINDOW) & np.isfinite(last_100)
+    best = np.fmax.accumulate(np.where(reached, last_100, np.nan))
+    if BEST_COLUMN in logs:  # a light log already: its spans' bests are the exact ones
+        best = np.fmax(best, logs[BEST_COLUMN])
+    return logs | {LAST_100_COLUMN: last_100, BEST_COLUMN: best}
 
 
 def thin(logs: dict[str, np.ndarray], every_steps: int) -> dict[str, np.ndarray]:
@@ -34,7 +61,7 @@ def thin(logs: dict[str, np.ndarray], every_steps: int) -> dict[str, np.ndarray]
     keep = np.isfinite(steps)
     if not keep.any():
         raise ValueError("the log has no rows with a step")
-    logs = {name: values[keep] for name, values in logs.items()}
+    logs = with_running_figures({name: values[keep] for name, values in logs.items()})
     span = np.ceil(logs["step"] / every_steps)
     # Consecutive rows of one span form a group (a resumed run's rows follow its own).
     starts = np.flatnonzero(np.r_[True, span[1:] != span[:-1]])
@@ -73,8 +100,10 @@ def write_logs(logs: dict[str, np.ndarray], path: str | Path) -> None:
             f.write("\n")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m torchbeast.lightlog", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("logs", help="a run's folder or its logs.csv (or a .gz copy)")
     parser.add_argument("out", help="the light log to write (.gz: gzipped)")
     parser.add_argument(
@@ -83,6 +112,11 @@ def main(argv: list[str] | None = None) -> None:
         default=10_000,
         help="agent steps per row (default: 10000)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = make_parser()
     args = parser.parse_args(argv)
     full = read_logs(args.logs)
     try:

@@ -6,17 +6,21 @@ Usage::
     python -m torchbeast.plot path/to/run_dir_or_logs.csv ... [--out curves.png]
     python -m torchbeast.plot docs/runs/breakout_5m.logs.csv.gz  # a committed log
 
-The figure has two panels sharing the x axis (agent steps): mean episode return
-on top, steps per second (SPS) below. Each run is one line, labelled by its
-folder name (the xpid). ``--diagnostics`` adds the learner's health: policy entropy,
-KL between learner and behaviour policies, clipped importance weights, policy lag,
-the value function's explained variance and the gradient norm. The logs are read, and
-the curves made, by ``torchbeast.curves``.
+The figure has two panels sharing the x axis (agent steps): the mean return of the
+last 100 episodes on top, steps per second (SPS) below: the figures of the console's
+progress line, which logs.csv records in every row (``curves.return_last_100_curve``
+computes the first from the rows' episode counts for logs older than that). Each run
+is one line, labelled by its folder name (the xpid) or by ``--label``.
+``--diagnostics`` adds the learner's health: policy entropy, KL between learner and
+behaviour policies, clipped importance weights, policy lag, the value function's
+explained variance and the gradient norm. The logs are read, and the curves made, by
+``torchbeast.curves``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass
@@ -26,10 +30,17 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from torchbeast.curves import LOGS_NAME, column_curve, read_logs, return_curve, sps_curve
+from torchbeast.curves import (
+    LOGS_NAME,
+    column_curve,
+    read_logs,
+    return_last_100_curve,
+    smooth,
+    sps_curve,
+)
 
 DEFAULT_SAVEDIR = "~/logs/torchbeast"
-DEFAULT_SMOOTH = 10
+DEFAULT_SMOOTH = 1  # the 100-episode mean needs none
 FIGSIZE = (8.0, 6.0)  # inches
 DPI = 100
 
@@ -86,12 +97,13 @@ def plot_runs(
     ax_return, ax_sps = axes[0], axes[1]
     for i, (label, logs) in enumerate(runs.items()):
         color = f"C{i % 10}"
-        ax_return.plot(*return_curve(logs, window), color=color, label=label)
+        steps, returns = return_last_100_curve(logs)
+        ax_return.plot(steps, smooth(returns, window), color=color, label=label)
         ax_sps.plot(*sps_curve(logs), color=color, label=label)
         for ax, column in zip(axes[2:], labels, strict=False):
             ax.plot(*column_curve(logs, column, window), color=color, label=label)
-    smoothing = f" (mean of last {window})" if window > 1 else ""
-    ax_return.set_ylabel(f"mean episode return{smoothing}")
+    smoothing = f",\nthen mean of {window} log rows" if window > 1 else ""
+    ax_return.set_ylabel(f"mean return (last 100 episodes{smoothing})")
     ax_sps.set_ylabel("steps per second")
     for ax, (column, name) in zip(axes[2:], labels.items(), strict=False):
         ax.set_ylabel(name)
@@ -200,8 +212,16 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_SMOOTH,
         metavar="N",
-        help="plot the return as a rolling mean over the last N finite points; "
-        "1 plots raw values (default: %(default)s)",
+        help="also smooth every curve but SPS as a rolling mean over the last N log rows "
+        "(default: %(default)s, none)",
+    )
+    parser.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="the legend's name of each run, in the order given (paths, then --xpid); "
+        "default: its folder's name, or a committed log's file name",
     )
     parser.add_argument(
         "--diagnostics",
@@ -233,7 +253,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.smooth < 1:
             raise PlotError(f"--smooth must be at least 1, got {args.smooth}")
         runs = _resolve_runs(args.paths, args.xpid, args.savedir)
+        if args.label:
+            if len(args.label) != len(runs):
+                raise PlotError(
+                    f"{len(args.label)} --label for {len(runs)} runs: give one per run, "
+                    "in the order of the paths, then the --xpid"
+                )
+            runs = [
+                dataclasses.replace(run, label=label)
+                for run, label in zip(runs, args.label, strict=True)
+            ]
         logs = {run.label: _load(run) for run in runs}
+        if len(logs) < len(runs):
+            raise PlotError("two runs have the same label: name them apart with --label")
         if args.out is not None:
             out = Path(args.out).expanduser()
         elif len(runs) == 1:

@@ -74,6 +74,20 @@ class RunSettings:
         check="positive",
         group=TEST_AND_EVAL,
     )
+    video: str | None = flag(
+        None,
+        "(new) Test and eval modes record the games they play, as the env draws them (not "
+        "the agent's 84x84 input), into this GIF: the first --video_steps agent steps.",
+        metavar="FILE.gif",
+        group=TEST_AND_EVAL,
+    )
+    video_steps: int = flag(
+        450,
+        "(new) Agent steps --video records (Atari: 15 a second of play, so 30 s).",
+        metavar="N",
+        check="positive",
+        group=TEST_AND_EVAL,
+    )
     # Every flag as parsed and resolved, as meta.json and checkpoints record them.
     flags: tuple[tuple[str, object], ...] = ()
     # Where each flag's value came from (config.layers), as meta.json records it.

@@ -62,12 +62,13 @@ def create_env(
     num_envs: int = 1,
     seed: int | None = None,
     num_threads: int = 1,
-    render: bool = False,
+    render: str | None = None,
 ) -> BatchedEnv:
     """Creates ``num_envs`` copies of ``settings.env`` (or of the id given, with the
     defaults) as one BatchedEnv.
 
-    ``num_threads`` is the number of C++ threads stepping Atari games (ignored otherwise).
+    ``num_threads`` is the number of C++ threads stepping Atari games (ignored otherwise);
+    ``render`` Gymnasium's render mode: "human" (a window), "rgb_array" (``frame()``).
     Call ``reset(seed)`` on the result before stepping it.
     """
     if isinstance(settings, str):

@@ -139,7 +139,8 @@ class AtariOptions:
     fuel_multiplier: float | None = flag(
         None,
         "(new) Riverraid proxy: M >= 0 makes fuel canisters worth 80*M; M < 0 is the "
-        "pacifist proxy (default 1: off). See the README's table of proxies.",
+        "pacifist proxy (default 1: off). See the manual's table of proxies "
+        "(docs/reward-misspecification.md).",
         metavar="M",
         check="finite",
     )
@@ -196,15 +197,14 @@ class AtariFamily(EnvFamily):
             )
 
     def make(
-        self, settings: EnvSettings, num_envs: int, num_threads: int, render: bool
+        self, settings: EnvSettings, num_envs: int, num_threads: int, render: str | None
     ) -> BatchedEnv:
         env_id, proxy = settings.env, proxy_of(settings)
         if not render and proxy is None:
             vector_env = _atari_vector_env(env_id, num_envs, num_threads)
         else:
-            render_mode = "human" if render else None
             vector_env = gym.vector.SyncVectorEnv(
-                [lambda: make_single_atari(env_id, render_mode, proxy)] * num_envs,
+                [lambda: make_single_atari(env_id, render, proxy)] * num_envs,
                 autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
             )
         fire_on_life_loss = not settings.option("no_fire_on_life_loss", False)

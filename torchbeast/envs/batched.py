@@ -139,6 +139,11 @@ class BatchedEnv:
         self.episode_step[game_over] = 0
         return output
 
+    def frame(self) -> np.ndarray:
+        """The first env's picture as the env draws it (made with render "rgb_array"):
+        e.g. Atari's 210x160 RGB screen, not the 84x84 input the agent sees."""
+        return np.asarray(self.env.render()[0])
+
     def close(self) -> None:
         self.env.close()
 

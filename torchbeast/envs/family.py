@@ -46,12 +46,12 @@ class Preset:
 
     ``scope``: what it is for, as the log and ``--print_settings`` name it ("MinAtar",
     "MinAtar/SpaceInvaders-v1"); ``measured``: the run that measured it (command, seed and
-    figure), which the README's table of presets repeats."""
+    figure), which the manual's table of presets repeats."""
 
     scope: str
     flags: Mapping[str, object]
     measured: str = ""
-    when: str = ""  # the command lines it applies to, as the README's table says
+    when: str = ""  # the command lines it applies to, as the manual's table says
 
 
 class EnvFamily:
@@ -85,20 +85,21 @@ class EnvFamily:
         return []
 
     def known_presets(self) -> list[Preset]:
-        """Every preset the family may apply, for the README's table."""
+        """Every preset the family may apply, for the manual's table."""
         return []
 
     def check(self, settings: EnvSettings) -> None:
         """Raises EnvError where the family's flags cannot apply to ``settings.env``."""
 
     def make(
-        self, settings: EnvSettings, num_envs: int, num_threads: int, render: bool
+        self, settings: EnvSettings, num_envs: int, num_threads: int, render: str | None
     ) -> BatchedEnv:
-        """``num_envs`` copies of ``settings.env``, stepped together."""
+        """``num_envs`` copies of ``settings.env``, stepped together; ``render``: Gymnasium's
+        render mode, "human" (a window) or "rgb_array" (``BatchedEnv.frame``), or None."""
         from torchbeast.envs.batched import BatchedEnv
 
         env_id = settings.env
-        make_kwargs = {"render_mode": "human"} if render else {}
+        make_kwargs = {"render_mode": render} if render else {}
         vector_env = gym.vector.SyncVectorEnv(
             [lambda: gym.make(env_id, **make_kwargs)] * num_envs,
             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
@@ -188,7 +189,7 @@ def flag_text(name: str, value: object) -> str:
 
 
 def presets_table() -> str:
-    """The README's table of every family's presets (``python -m torchbeast.docs``)."""
+    """The manual's table of every family's presets (``python -m torchbeast.docs``)."""
     rows = [
         "| family | applies to | settings | measured by |",
         "|---|---|---|---|",

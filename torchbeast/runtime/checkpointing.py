@@ -208,6 +208,8 @@ class RunCheckpoint:
 
     def on_disk(self) -> str:
         """What the checkpoint on disk holds, for the line that stops a run."""
+        if self.run.disable_checkpoint:
+            return "no checkpoint (--disable_checkpoint)"
         if self.saved_step is None:
             return "no checkpoint could be written"
         return f"the checkpoint {self.path} holds step {self.saved_step}"

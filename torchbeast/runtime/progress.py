@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,10 @@ class Progress:
         self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
         self.returns_since_mean: list[float] = []  # with --episodes_for_avg
         self.recent_extras: collections.deque[tuple[float, ...]] = collections.deque(maxlen=100)
+        self.sps = math.nan  # the last progress line's
+        # The best mean of 100 episodes in a row the run reached, and the step it did.
+        self.best_return = math.nan
+        self.best_step: int | None = None
 
     def state_dict(self) -> dict:
         """The episode window the progress line averages, for the checkpoint."""
@@ -39,6 +44,8 @@ class Progress:
             return {
                 "recent_returns": list(self.recent_returns),
                 "recent_extras": [list(extras) for extras in self.recent_extras],
+                "best_return": self.best_return,
+                "best_step": self.best_step,
             }
 
     def load_state_dict(self, state: dict) -> None:
@@ -54,6 +61,9 @@ class Progress:
                 for extras in state.get("recent_extras", [])
                 if len(extras) == count
             )
+            self.best_return = float(state.get("best_return", math.nan))
+            best_step = state.get("best_step")
+            self.best_step = None if best_step is None else int(best_step)
 
     def record(
         self, stats: dict, returns: list[float], extras: list[tuple[float, ...]] = ()
@@ -65,9 +75,31 @@ class Progress:
             if self.run.episodes_for_avg:
                 self.returns_since_mean.extend(returns)
             self.recent_extras.extend(extras)
+            full = len(self.recent_returns) == self.recent_returns.maxlen
+            if returns and full:
+                mean = float(np.mean(self.recent_returns))
+                if not mean <= self.best_return:  # also the first (NaN)
+                    self.best_return, self.best_step = mean, stats.get("step")
+
+    def figures(self) -> dict[str, float]:
+        """The progress line's running figures, for logs.csv and TensorBoard beside the
+        update's: the mean return of the last 100 episodes (NaN before the first ended),
+        and the steps per second of the last progress line."""
+        with self.lock:
+            returns = self.recent_returns
+            mean = float(np.mean(returns)) if returns else math.nan
+            return {"mean_return_last_100": mean, "sps": self.sps}
+
+    def best_text(self) -> str:
+        """ "best 19.3 at step 1530000" (of 100 episodes in a row), or "" before 100 ended."""
+        with self.lock:
+            if self.best_step is None:
+                return ""
+            return f", best {self.best_return:.1f} at step {self.best_step}"
 
     def print(self, step: int, sps: float) -> None:
         with self.lock:
+            self.sps = sps
             entropy = self.last_stats.get("policy_entropy")
             mean_return = "" if entropy is None else self.mean_return_text()
             extras_text = self.episode_extras_text()
@@ -82,12 +114,12 @@ class Progress:
             extras_text,
         )
 
-    def window_text(self) -> str:
-        """The 100-episode window as a checkpoint's lines say it, exactly enough to compare:
-        "mean return 21.5 (last 100 episodes)"."""
+    def window_text(self, number_format: str = ".6g") -> str:
+        """The 100-episode window as a checkpoint's lines say it, exactly enough to compare
+        (or in ``number_format``): "mean return 21.5 (last 100 episodes)"."""
         with self.lock:
             returns = list(self.recent_returns)
-        mean = f"{np.mean(returns):.6g}" if returns else "n/a"
+        mean = format(np.mean(returns), number_format) if returns else "n/a"
         return f"mean return {mean} (last {len(returns)} episodes)"
 
     def episode_extras_text(self) -> str:

@@ -37,7 +37,7 @@ from torchbeast.runtime.checkpointing import NOT_RESTORED_LINE, RunCheckpoint
 from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.layout import limit_learner_threads
 from torchbeast.runtime.pool import Pool
-from torchbeast.runtime.progress import PROGRESS_INTERVAL_S, Progress
+from torchbeast.runtime.progress import PROGRESS_INTERVAL_S, Progress, format_duration
 from torchbeast.runtime.supervision import Sigterm, Stopped, sigterm_handled
 
 log = logging.getLogger("torchbeast")
@@ -158,7 +158,7 @@ class Trainer:
                         self.drop_batch(pool, batch, core_state, sources, error)
                         continue
                     self.progress.record(stats, episode_returns, episode_extras)
-                    writer.log(stats)
+                    writer.log(stats | self.progress.figures())
                     self.update_seconds += time.perf_counter() - started
             # Done: the other learner threads may be waiting for rollouts that never come.
             self.stop_requested.set()
@@ -220,6 +220,13 @@ class Trainer:
             count_parameters(self.learner.model),
             self.device,
         )
+        log.info(
+            "Run folder: %s (logs.csv, out.log, model.tar). Curves: tensorboard --logdir %s, "
+            "or python -m torchbeast.plot %s",
+            run.run_dir,
+            run.run_dir,
+            run.run_dir,
+        )
         source = self.settings.actors.layout_source
         log.info("Layout: %s%s.", self.actor_layout(), f" ({source})" if source else "")
         log.info("%s", self.threads_line)
@@ -268,6 +275,16 @@ class Trainer:
             )
         return self.progress.last_stats
 
+    def summary(self, seconds: float, first_step: int) -> str:
+        """The run's last line: where it got, how fast, how well, and where it is."""
+        step, run_dir = self.learner.step, self.run.run_dir
+        window = self.progress.window_text(".1f")
+        return (
+            f"Summary: step {step} of {self.total_steps}, {step - first_step} of them in "
+            f"{format_duration(seconds)} this start; {window}{self.progress.best_text()}; "
+            f"{self.checkpoint.on_disk()}; curve: python -m torchbeast.plot {run_dir}"
+        )
+
     def request_stop(self) -> None:
         """Stops the run at the next safe point: the learner threads and the actors."""
         self.stop_requested.set()
@@ -278,6 +295,7 @@ class Trainer:
         """Starts the actors, learns until the end or a stop, then saves the checkpoint,
         stops the actors and closes the files whatever happened; returns the signal that
         stopped the run (SIGTERM or Ctrl-C's SIGINT), None for none."""
+        started, first_step = time.monotonic(), self.learner.step
         pool = self.pool = self.create_pool()
         if sigterm.received:  # while the pool was made
             self.request_stop()
@@ -314,6 +332,7 @@ class Trainer:
                     log.info("Learning finished after %d steps.", self.learner.step)
                 elif self.failure is None and pool.error is None:
                     log.info("Stopped at step %d.", self.learner.step)
+                log.info("%s", self.summary(time.monotonic() - started, first_step))
                 writer.close(successful)
                 signal.signal(signal.SIGINT, previous_interrupt)
         if interrupted:

@@ -1,0 +1,62 @@
+"""Test and eval modes record the games they play as a GIF of what the env draws."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.test_monobeast import monobeast
+from torchbeast import video
+
+TRAIN = ["--num_actors", "1", "--envs_per_actor", "2", "--batch_size", "2"]
+TRAIN += ["--unroll_length", "20", "--total_steps", "80", "--disable_cuda", "--xpid", "run"]
+
+
+def frames_of(path) -> list[Image.Image]:
+    with Image.open(path) as gif:
+        frames = []
+        for index in range(gif.n_frames):
+            gif.seek(index)
+            frames.append(gif.convert("RGB"))
+        return frames
+
+
+@pytest.mark.parametrize(
+    "env, size",
+    [("PongNoFrameskip-v4", (160, 210)), ("MinAtar/Breakout-v1", (160, 160))],
+    ids=["atari-screen", "minatar-grid-scaled-up"],
+)
+def test_test_mode_records_the_first_steps_as_the_env_draws_them(tmp_path, env, size):
+    assert monobeast(tmp_path, "--env", env, *TRAIN).returncode == 0
+    out = tmp_path / "play.gif"
+    played = monobeast(
+        tmp_path, "--env", env, "--xpid", "run", "--mode", "test", "--num_episodes", "1",
+        "--video", str(out), "--video_steps", "25",
+    )  # fmt: skip
+    assert played.returncode == 0, played.stderr
+    assert f"Recorded 25 steps of play in {out}" in played.stdout
+    frames = frames_of(out)
+    # The env's own picture (Atari's 210x160 screen; MinAtar's 10x10 grid, 16x), not the
+    # agent's 84x84 input; and the game moves.
+    assert len(frames) == 25 and all(frame.size == size for frame in frames)
+    assert any(frames[0].tobytes() != frame.tobytes() for frame in frames[1:])
+
+
+def test_video_is_refused_in_one_line_where_it_cannot_be_written(tmp_path):
+    trained = monobeast(tmp_path, "--env", "CartPole-v1", *TRAIN, "--video", "x.gif")
+    assert trained.returncode == 2
+    assert "--video records the games of --mode test and eval, not train" in trained.stderr
+    tested = monobeast(tmp_path, "--env", "CartPole-v1", "--mode", "test", "--video", "x.mp4")
+    assert tested.returncode == 2
+    assert "--video x.mp4 must end in .gif" in tested.stderr
+
+
+def test_small_pictures_are_scaled_up_in_blocks_and_floats_become_bytes():
+    grid = np.zeros((10, 10, 3))
+    grid[0, 0] = [1.0, 0.5, 0.0]
+    picture = video.as_picture(grid)
+    assert picture.shape == (160, 160, 3) and picture.dtype == np.uint8
+    assert (picture[:16, :16] == [255, 128, 0]).all() and (picture[16:, :] == 0).all()
+    screen = np.full((210, 160, 3), 7, dtype=np.uint8)
+    assert video.as_picture(screen) is not None and video.as_picture(screen).shape == screen.shape

@@ -1,0 +1,71 @@
+"""Videos of a trained agent: test and eval modes record the games they play as the env
+draws them (``--video FILE.gif``), as CleanRL's ``--capture_video`` and Sample Factory's
+``--save_video`` do. GIF, written with Pillow (which matplotlib already brings): it plays
+in a browser and on a README page without a codec."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from torchbeast.core.errors import UserError
+
+MIN_SIDE = 160  # pixels: smaller pictures (MinAtar's 10x10) are scaled up to at least this
+
+
+class VideoError(UserError, ValueError):
+    """--video cannot be written as asked."""
+
+
+def check_path(path: str) -> None:
+    """Refuses a --video that would not be a GIF, before any game is played."""
+    if not path.lower().endswith(".gif"):
+        raise VideoError(f"--video {path} must end in .gif: the games are written as a GIF")
+
+
+class Recorder:
+    """The pictures of the first ``steps`` agent steps (the reset's and each step's),
+    written as a GIF of ``fps`` pictures a second (15: Atari's speed, 4 frames a step)."""
+
+    def __init__(self, path: str, steps: int, fps: float = 15.0):
+        check_path(path)
+        self.path, self.steps, self.fps = path, steps, fps
+        self.frames: list[np.ndarray] = []
+
+    @property
+    def full(self) -> bool:
+        return len(self.frames) >= self.steps
+
+    def add(self, frame: np.ndarray) -> None:
+        """Keeps one picture ([H, W, 3]: uint8, or floats in [0, 1]) until it has enough."""
+        if not self.full:
+            self.frames.append(as_picture(frame))
+
+    def save(self) -> int:
+        """Writes the GIF; returns the number of pictures."""
+        from PIL import Image
+
+        images = [Image.fromarray(frame) for frame in self.frames]
+        if not images:
+            raise VideoError(f"no picture to write to {self.path}: the env drew none")
+        images[0].save(
+            self.path,
+            save_all=True,
+            append_images=images[1:],
+            duration=round(1000 / self.fps),
+            loop=0,
+            optimize=False,
+        )
+        return len(images)
+
+
+def as_picture(frame: np.ndarray) -> np.ndarray:
+    """An env's picture as uint8 RGB [H, W, 3], small ones scaled up (each pixel a block)."""
+    frame = np.asarray(frame)
+    if frame.dtype != np.uint8:  # e.g. MinAtar's floats in [0, 1]
+        frame = (np.clip(frame, 0.0, 1.0) * 255).round().astype(np.uint8)
+    if frame.ndim == 2:
+        frame = np.repeat(frame[:, :, None], 3, axis=2)
+    scale = max(1, -(-MIN_SIDE // min(frame.shape[:2])))  # ceil
+    if scale > 1:
+        frame = frame.repeat(scale, axis=0).repeat(scale, axis=1)
+    return frame
