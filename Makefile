@@ -47,8 +47,11 @@ format: $(STAMP)
 	$(PY) -m ruff check --fix torchbeast tests
 
 # Regenerate the flag reference in README.md from the parser.
+# Regenerate the manual's tables from the parsers, then build the manual into site/ (strict:
+# a broken link or anchor fails).
 docs: $(STAMP)
-	$(PY) -m torchbeast.docs README.md
+	$(PY) -m torchbeast.docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
 # Regenerate the gRPC modules from the .proto (a test fails when they are stale).
 proto: $(STAMP)
@@ -59,4 +62,4 @@ constraints: $(STAMP)
 	$(PY) -m pip freeze --exclude-editable | sed 's/+cpu//' > constraints.txt
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

@@ -1,5 +1,5 @@
 """Specification of the flag parser: monobeast's flags and defaults, the new flags,
-refusal of impossible values, and the README flag table generated from the parser."""
+refusal of impossible values, and the manual's flag tables generated from the parsers."""
 
 import os
 import re
@@ -12,7 +12,8 @@ from torchbeast.config import flags
 from torchbeast.config.parsers import make_learner_parser, make_ray_parser
 from torchbeast.config.reference import markdown_reference, markers
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+REPO = Path(__file__).resolve().parent.parent
+DIFFERENCES = REPO / "docs" / "differences.md"  # the manual's page of what changed
 
 
 def parse(*argv: str):
@@ -51,7 +52,7 @@ def test_original_flag_has_the_original_default(name, default):
     assert getattr(parse(), name) == default
 
 
-# The recipe that learns Pong on 2 cores (README: "Does it learn?") replaced these.
+# The recipe that learns Pong on 2 cores (the manual: "Does it learn?") replaced these.
 
 
 @pytest.mark.parametrize(
@@ -82,8 +83,8 @@ def test_every_changed_default_is_listed_with_the_originals_value():
     assert changed == set(flags.ORIGINAL_DEFAULTS) | derived
 
 
-def test_readme_lists_every_changed_default_in_its_deliberate_differences():
-    section = README.read_text().split("Deliberate differences")[1].split("\n- ")[1]
+def test_the_manual_lists_every_changed_default_in_its_deliberate_differences():
+    section = DIFFERENCES.read_text().split("Deliberate differences")[1].split("\n- ")[1]
     first_cells = [row.split("|")[1] for row in section.splitlines() if row.startswith("  |")]
     listed = {name for cell in first_cells for name in re.findall(r"`--(\w+)`", cell)}
     assert set(flags.ORIGINAL_DEFAULTS) <= listed
@@ -230,7 +231,7 @@ def test_num_buffers_default_counts_every_env_of_every_actor():
     assert parsed.num_buffers == 2 * 4 * 3
 
 
-# The original README command lines work as written.
+# The original README's command lines work as written.
 
 
 def test_original_readme_monobeast_command_line_parses():
@@ -335,7 +336,7 @@ def test_xpid_with_dots_dashes_and_equals_is_accepted():
     assert parse("--xpid", "pong-lr=4e-4.v2_b").xpid == "pong-lr=4e-4.v2_b"
 
 
-# The README flag table is generated from the parser.
+# The manual's flag tables are generated from the parsers.
 
 
 def test_markdown_reference_has_a_row_per_flag():
@@ -345,37 +346,51 @@ def test_markdown_reference_has_a_row_per_flag():
     assert "| `--seed` |  | (new) Seed for the environments and the model (default: drawn" in table
 
 
-def test_update_readme_replaces_only_the_flag_blocks(tmp_path):
-    tables = docs.readme_tables()
-    readme = tmp_path / "README.md"
-    old = "".join(f"{begin}\nold table\n{end}\n\n" for begin, end in map(markers, tables))
-    readme.write_text(f"# Title\n\n{old}End.\n")
-    docs.update_readme(str(readme))
+def test_update_pages_writes_each_table_into_the_page_that_holds_its_markers(tmp_path):
+    tables = docs.generated_tables()
+    (tmp_path / "docs").mkdir()
+    flags_page, other = tmp_path / "docs" / "flags.md", tmp_path / "docs" / "environments.md"
+    old = "".join(
+        f"{begin}\nold table\n{end}\n\n"
+        for table, (begin, end) in zip(tables, map(markers, tables), strict=True)
+        if table != "presets"
+    )
+    flags_page.write_text(f"# Title\n\n{old}End.\n")
+    begin, end = markers("presets")
+    other.write_text(f"# Environments\n\n{begin}\nold\n{end}\n")
+    (tmp_path / "README.md").write_text("# Front page, no table\n")
+    docs.update_pages(tmp_path)
     new = "".join(
         f"{begin}\n{tables[table]}\n{end}\n\n"
         for table, (begin, end) in zip(tables, map(markers, tables), strict=True)
+        if table != "presets"
     )
-    assert readme.read_text() == f"# Title\n\n{new}End.\n"
+    assert flags_page.read_text() == f"# Title\n\n{new}End.\n"
+    assert other.read_text() == f"# Environments\n\n{begin}\n{tables['presets']}\n{end}\n"
+    assert (tmp_path / "README.md").read_text() == "# Front page, no table\n"
 
 
-def test_readme_has_a_flag_table_for_every_runtime_with_flags_of_its_own():
-    assert set(docs.readme_tables()) == {"flags", "monoflags", "polyflags", "rayflags", "presets"}
+def test_the_manual_has_a_flag_table_for_every_runtime_with_flags_of_its_own():
+    assert set(docs.generated_tables()) == {
+        "flags",
+        "monoflags",
+        "polyflags",
+        "rayflags",
+        "presets",
+    }
 
 
-def test_readme_flag_tables_are_in_sync_with_the_parsers():
-    assert README.exists(), f"{README} is missing"
-    text = README.read_text()
-    for table, body in docs.readme_tables().items():
+def test_the_manuals_tables_are_in_sync_with_the_parsers():
+    for table, body in docs.generated_tables().items():
+        page = docs.page_of(table, REPO)  # exactly one page holds its markers
+        text = page.read_text()
         begin, end = markers(table)
-        assert begin in text and end in text, (
-            f"README.md has no generated {table} block: add its markers and run `make docs`"
-        )
         block = text[text.index(begin) + len(begin) + len("\n") : text.index(end)]
-        assert block == body + "\n", f"README.md's {table} table is stale: run `make docs`"
+        assert block == body + "\n", f"{page}'s {table} table is stale: run `make docs`"
 
 
-def test_readme_polybeast_flag_tables_leave_the_shared_flags_to_the_first():
-    block = docs.readme_tables()["polyflags"]
+def test_the_polybeast_flag_tables_leave_the_shared_flags_to_the_first():
+    block = docs.generated_tables()["polyflags"]
     assert "| `--serve` |" in block and "| `--connect` |" in block
     assert "| `--env` |" not in block.split("`polybeast_env`")[0]  # shared flags: table above
 

@@ -122,8 +122,8 @@ def test_a_new_runtime_is_its_functions_and_one_registry_entry(monkeypatch):
     parser = make_runtime_parser("fake")
     flags = parse_flags(["--fake_workers", "5", "--xpid", "x"], parser)
     assert build_settings(flags, "fake").runtime == FakeSettings(fake_workers=5)
-    assert "FakeBeast, besides" in docs.readme_tables()["fakeflags"]
-    assert "`--fake_workers`" in docs.readme_tables()["fakeflags"]
+    assert "FakeBeast, besides" in docs.generated_tables()["fakeflags"]
+    assert "`--fake_workers`" in docs.generated_tables()["fakeflags"]
     bench = make_bench_parser(list(registry.RUNTIMES))
     with pytest.raises(SystemExit):  # another runtime's own flag is refused
         parse_flags(["--runtime", "mono", "--fake_workers", "4"], bench)

@@ -39,8 +39,8 @@ from torchbeast.envs.settings import EnvSettings
 DERIVED = "derived"  # a resolver filled it from other flags or the machine
 
 # Defaults that differ from the original MonoBeast's, which never learned Pong on a small
-# machine (upstream issues #24, #39); the README lists them, and giving these flags
-# restores the original's behaviour.
+# machine (upstream issues #24, #39); the manual lists them (docs/differences.md), and
+# giving these flags restores the original's behaviour.
 ORIGINAL_DEFAULTS = {
     "num_actors": 4,
     "envs_per_actor": 1,

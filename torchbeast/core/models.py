@@ -212,7 +212,7 @@ def default_torso(observation_shape: Sequence[int], use_resnet: bool = False) ->
     """The torso that suits these observations: AtariNet (or the ResNet) for [C, 84, 84]
     frames, else an MLP. The grid conv is asked for with --torso grid: with the default
     entropy cost it lifted MinAtar SpaceInvaders but collapsed MinAtar Breakout's policy
-    within 50K steps (see the README)."""
+    within 50K steps (see the manual: docs/results.md)."""
     if len(observation_shape) == 3 and min(observation_shape[1:]) >= 36:
         return "resnet" if use_resnet else "atari"
     return "mlp"

@@ -10,7 +10,7 @@ from torchbeast.envs.family import families
 from torchbeast.envs.registry import _register_optional_envs
 
 
-def main(argv: list[str] | None = None) -> None:
+def make_parser() -> FlagParser:
     parser = FlagParser(
         prog="python -m torchbeast.envs",
         description="Lists the environment ids torchbeast can train (--env), by family.",
@@ -19,7 +19,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--all", action="store_true", help="Also the ids it cannot train, with the reason."
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = make_parser().parse_args(argv)
     candidates = families()
     _register_optional_envs()
     by_family: dict[str, list[str]] = {family.name: [] for family in candidates}

@@ -10,7 +10,7 @@ and a ``Trainer`` subclass (``runtime.training``) that learns its env spec, star
 pool (``runtime.pool.Pool``) and publishes weights. A runtime with flags of its own names
 the torch-free class of its settings, whose fields declare them (``core.settings.flag``:
 the edge adds them to its parser and builds the settings from them, ``config.parsers``,
-``config.settings``; the README's table of them is generated, ``docs``); one whose
+``config.settings``; the manual's table of them is generated, ``docs``); one whose
 benchmark needs flags set for it (PolyBeast: its env servers) names the function that
 gives them. A new runtime is its package and one entry here: nothing in ``config``
 names a runtime.
@@ -50,7 +50,7 @@ class Runtime:
     # flag is resolved and checked; the other runtimes accept it and ignore it.
     shared_memory_buffers: bool = False
     prepare: str | None = None  # "module:function" to call with the settings before import
-    # "module:function" that returns the README's table of the runtime's own flags, between
+    # "module:function" that returns the manual's table of the runtime's own flags, between
     # the markers of table NAMEflags (config.reference.markers); None: the generated table
     # of the flags its settings declare.
     flags_table: str | None = None
