@@ -337,9 +337,9 @@ def test_label_names_each_run_in_the_order_given(tmp_path, capsys):
     first, second = tmp_path / "a" / "run", tmp_path / "b" / "run"
     write_run(tmp_path / "a", "run"), write_run(tmp_path / "b", "run")
     # Two folders of one name: the legend could not tell them apart.
-    assert plot.main([str(first), str(second)]) == 1
+    assert plot.main([str(first), str(second)]) == 2
     assert "same label" in capsys.readouterr().err
-    assert plot.main([str(first), str(second), "--label", "seed 1"]) == 1
+    assert plot.main([str(first), str(second), "--label", "seed 1"]) == 2
     assert "1 --label for 2 runs" in capsys.readouterr().err
     out = tmp_path / "both.png"
     labels = ["--label", "seed 1", "--label", "seed 2"]

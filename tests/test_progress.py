@@ -62,12 +62,12 @@ def test_the_best_100_episode_mean_is_kept_from_full_windows_and_saved(tmp_path)
     run.progress.record({"step": 160}, [10.0] * 40)
     run.progress.record({"step": 240}, [90.0] * 50)
     run.progress.record({"step": 320}, [0.0] * 100)
-    # Windows after each: 34.0 (60 x 50, 40 x 10), then 50.0 (10 x 50, 40 x 10, 50 x 90).
-    assert run.progress.best_text() == ", best 50.0 at step 240"
+    # Windows after each: 34.0 (60 x 50, 40 x 10), then 54.0 (10 x 50, 40 x 10, 50 x 90).
+    assert run.progress.best_text() == ", best 54.0 at step 240"
     assert run.progress.figures()["mean_return_last_100"] == 0.0
     resumed = trainer(tmp_path=tmp_path)
     resumed.progress.load_state_dict(run.progress.state_dict())
-    assert resumed.progress.best_text() == ", best 50.0 at step 240"
+    assert resumed.progress.best_text() == ", best 54.0 at step 240"
 
 
 def test_the_logged_figures_are_the_progress_lines(tmp_path):

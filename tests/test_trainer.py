@@ -303,7 +303,7 @@ def test_every_logged_row_carries_the_consoles_mean_of_the_last_100_episodes(tmp
 
 
 def test_a_run_says_where_its_files_are_at_start_and_sums_itself_up_at_the_end(tmp_path):
-    trainer = InProcessTrainer(make_flags(tmp_path, "--total_steps", "2000"))
+    trainer = InProcessTrainer(make_flags(tmp_path, "--total_steps", "4000"))  # 100 episodes
     trainer.train()
     lines = (tmp_path / "run" / "out.log").read_text().splitlines()
     run_dir = tmp_path / "run"
@@ -312,7 +312,7 @@ def test_a_run_says_where_its_files_are_at_start_and_sums_itself_up_at_the_end(t
         start
     )
     summary = lines[-1]
-    assert "Summary: step 2000 of 2000, 2000 of them in " in summary
+    assert "Summary: step 4000 of 4000, 4000 of them in " in summary
     assert f"{trainer.progress.window_text('.1f')}, best " in summary
-    assert f"the checkpoint {run_dir / 'model.tar'} holds step 2000" in summary
+    assert f"the checkpoint {run_dir / 'model.tar'} holds step 4000" in summary
     assert summary.endswith(f"curve: python -m torchbeast.plot {run_dir}")

@@ -83,8 +83,10 @@ def last_episodes_mean(logs: dict[str, np.ndarray], count: int = RETURN_WINDOW) 
     counts and mean returns: whole rows back until ``count`` episodes ended (all of them
     while fewer have); NaN until one has. The figure of logs without the console's own
     column (``LAST_100_COLUMN``), and of the learning checks."""
-    episodes = np.nan_to_num(logs.get("episodes", np.zeros(0)))
-    returns = logs.get("mean_episode_return", np.full(episodes.shape, math.nan))
+    rows = logs["step"].size if "step" in logs else len(next(iter(logs.values()), []))
+    returns = logs.get("mean_episode_return", np.full(rows, math.nan))
+    # Logs without an episode count (the original's) weigh each row's mean alike.
+    episodes = np.nan_to_num(logs["episodes"]) if "episodes" in logs else np.ones(rows)
     ended = np.where(np.isfinite(returns), episodes, 0.0)
     total_episodes = np.cumsum(ended)  # [rows]
     total_returns = np.cumsum(np.nan_to_num(returns) * ended)
