@@ -15,9 +15,8 @@ the sources beside the flags.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
-
 import tomllib
+from collections.abc import Mapping
 
 from torchbeast.config.argparser import did_you_mean
 from torchbeast.core.errors import shown
