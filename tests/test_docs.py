@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbeast import learncheck, lightlog, plot, scaling
+from torchbeast import learncheck, lightlog, plot, scaling, study
 from torchbeast.config.flags import parse_flags, parse_flags_and_sources
 from torchbeast.config.parsers import (
     make_bench_parser,
@@ -95,7 +95,8 @@ def shown_commands(page: Path) -> tuple[list[str], dict[str, str]]:
                 commands.append(line)
     for span in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S)):
         span = " ".join(span.split())
-        if span.startswith("python -m torchbeast.") and "..." not in span and "[" not in span:
+        template = any(mark in span for mark in ("...", "[", "<"))  # a form, not a command
+        if span.startswith("python -m torchbeast.") and not template:
             if len(span.split()) > 3:  # with no argument, it names the tool
                 commands.append(span)
     return commands, files
@@ -117,6 +118,7 @@ PARSERS = {
     "torchbeast.learncheck": lambda argv: learncheck.make_parser().parse_known_args(argv),
     "torchbeast.scaling": lambda argv: scaling.make_parser().parse_known_args(argv),
     "torchbeast.envs": lambda argv: make_envs_parser().parse_args(argv),
+    "torchbeast.study": lambda argv: study.make_parser().parse_args(argv),
     "torchbeast.docs": lambda argv: None,
 }
 MAKE_TARGETS = {"install", "train", "test", "learn", "bench", "lint", "format", "docs"}

@@ -1,0 +1,130 @@
+"""Studies: a grid of real CartPole runs, trained, evaluated and gathered into one table;
+interrupted and started again; with a cell that fails."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from tests.test_monobeast import REPO, wait_for
+
+SMALL = """
+runtime = "mono"
+[flags]
+env = "CartPole-v1"
+num_actors = 1
+envs_per_actor = 2
+batch_size = 2
+unroll_length = 20
+total_steps = 800
+disable_cuda = true
+savedir = "{savedir}"
+[axes]
+{axes}
+[eval]
+num_episodes = 2
+"""
+
+
+def write_study(tmp_path, axes: str, name: str = "grid") -> str:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(SMALL.format(savedir=tmp_path / "runs", axes=axes))
+    return str(path)
+
+
+def study_command(path: str) -> list[str]:
+    return [sys.executable, "-m", "torchbeast.study", path, "--parallel", "1"]
+
+
+def run_study(path: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        study_command(path), cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+
+
+def table(tmp_path, name: str = "grid") -> list[dict[str, str]]:
+    with open(tmp_path / "runs" / name / "study.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def runs_training(run_dir) -> list[int]:
+    """Live processes whose command line trains in ``run_dir``'s study."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline") as f:
+                words = f.read().split("\0")
+        except OSError:
+            continue
+        if "--xpid" in words and words[words.index("--xpid") + 1] == run_dir.name:
+            found.append(int(pid))
+    return found
+
+
+def test_a_study_trains_evaluates_and_tabulates_every_cell_once(tmp_path):
+    done = run_study(write_study(tmp_path, "hidden_size = [16, 32]"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = table(tmp_path)
+    assert [row["cell"] for row in rows] == ["hidden_size-16", "hidden_size-32"]
+    assert all(row["status"] == "finished" for row in rows)
+    # Each cell is its own run, with the axis' value: the wider model has more parameters.
+    small, wide = (int(row["parameters"]) for row in rows)
+    assert small < wide
+    for row in rows:
+        run = tmp_path / "runs" / "grid" / row["cell"]
+        flags = json.loads((run / "meta.json").read_text())["flags"]
+        assert flags["hidden_size"] == int(row["hidden_size"])
+        assert int(row["steps"]) >= 800
+        report = json.loads((run / "eval.json").read_text())
+        assert float(row["eval_return"]) == report["return"]["mean"]
+        assert report["num_episodes"] == 2
+    spec = json.loads((tmp_path / "runs" / "grid" / "study.json").read_text())
+    assert [cell["cell"] for cell in spec["cells"]] == ["hidden_size-16", "hidden_size-32"]
+
+
+def test_a_study_stopped_midway_goes_on_from_where_it_was(tmp_path):
+    path = write_study(tmp_path, "seed = [1, 2, 3]")
+    first = subprocess.Popen(
+        study_command(path),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    folder = tmp_path / "runs" / "grid"
+    try:
+        wait_for(lambda: (folder / "seed-1" / "eval.json").exists(), 300, "the first cell")
+        wait_for(lambda: (folder / "seed-2" / "logs.csv").exists(), 120, "the second cell")
+    finally:
+        os.kill(first.pid, signal.SIGTERM)  # the study alone: it stops the run it trains
+        first.wait(timeout=60)
+    assert first.returncode == 130
+    assert not runs_training(folder / "seed-2")  # stopped with the study, not orphaned
+    again = run_study(path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "seed-1: finished before, skipped" in again.stdout
+    rows = table(tmp_path)
+    assert [row["cell"] for row in rows] == ["seed-1", "seed-2", "seed-3"]
+    assert all(row["status"] == "finished" for row in rows)
+
+
+def test_a_cell_that_fails_is_recorded_and_the_others_go_on(tmp_path):
+    done = run_study(write_study(tmp_path, "learning_rate = [-1.0, 0.001]"))
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 1 of 2 cells failed: learning_rate--1.0")
+    failed, finished = table(tmp_path)
+    assert failed["status"] == "failed" and "learning_rate = -1.0: must be > 0" in failed["error"]
+    assert finished["status"] == "finished" and finished["eval_return"]
+
+
+def test_a_study_never_writes_into_another_studys_folder(tmp_path):
+    assert run_study(write_study(tmp_path, "hidden_size = [16]")).returncode == 0
+    other = run_study(write_study(tmp_path, "hidden_size = [32]"))  # same name, other grid
+    assert other.returncode == 1
+    assert other.stderr.startswith("error: ") and "holds another study" in other.stderr
+    assert [row["cell"] for row in table(tmp_path)] == ["hidden_size-16"]
