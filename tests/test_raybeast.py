@@ -254,6 +254,19 @@ def test_an_actor_that_raises_stops_training_with_one_line(tmp_path, ray_cluster
     assert 'envs_for_tests.py", line' in out_log  # the traceback
 
 
+def start_long_run(tmp_path) -> subprocess.Popen:
+    """A RayBeast run that would train for long, in its own process group (as under a
+    terminal or a job scheduler), its output captured."""
+    return subprocess.Popen(
+        raybeast_command(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "run"),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
 @pytest.mark.parametrize(
     "signum, logged",
     [(signal.SIGINT, "Interrupted"), (signal.SIGTERM, "Stopped at step")],
@@ -263,14 +276,7 @@ def test_a_signal_to_the_process_group_saves_a_checkpoint_and_stops_ray(tmp_path
     # As from a terminal (Ctrl-C) or a job scheduler (SIGTERM): the signal reaches the run
     # and every process of its group, the local Ray's daemons too.
     before = set(ray_daemon_pids())  # the test cluster's, if it is up
-    process = subprocess.Popen(
-        raybeast_command(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "run"),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    process = start_long_run(tmp_path)
     try:
         wait_for_rows(tmp_path / "run" / "logs.csv", 3)
     finally:
@@ -304,14 +310,7 @@ def test_riverraid_proxy_statistics_and_eval_mode(tmp_path, ray_cluster):
 def test_sigterm_while_ray_starts_stops_the_run_and_its_ray_instance(tmp_path):
     # A scheduler may take the machine back while the run is still starting Ray.
     before = set(ray_daemon_pids())  # the test cluster's, if it is up
-    process = subprocess.Popen(
-        raybeast_command(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "run"),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    process = start_long_run(tmp_path)
     try:
         wait_for(lambda: set(ray_daemon_pids()) - before, 60, "Ray's daemons to start")
     finally:
