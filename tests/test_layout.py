@@ -67,3 +67,23 @@ def test_a_run_says_which_layout_and_threads_it_chose(tmp_path):
     assert f"Layout: {actors} actors x {envs} envs (chosen for {cores} cores)." in out_log
     threads = threads_per_op(cores, 1)
     assert f"PyTorch uses {threads} thread(s) per op in the learner process" in out_log
+
+
+def test_omp_num_threads_bounds_the_learners_threads(monkeypatch):
+    import torch
+
+    from torchbeast.runtime.layout import limit_learner_threads
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a study's cell of one CPU sets it so
+        line = limit_learner_threads(1)
+        assert torch.get_num_threads() == 1
+        assert "PyTorch uses 1 thread(s) per op" in line
+        if len(os.sched_getaffinity(0)) > 1:
+            assert "of them 1 by OMP_NUM_THREADS" in line
+        monkeypatch.setenv("OMP_NUM_THREADS", "many")  # not a count: the cores decide
+        limit_learner_threads(1)
+        assert torch.get_num_threads() == threads_per_op(len(os.sched_getaffinity(0)), 1)
+    finally:
+        torch.set_num_threads(before)

@@ -6,9 +6,12 @@ from __future__ import annotations
 import csv
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
+
+import pytest
 
 from tests.test_monobeast import REPO, wait_for
 
@@ -128,3 +131,95 @@ def test_a_study_never_writes_into_another_studys_folder(tmp_path):
     assert other.returncode == 1
     assert other.stderr.startswith("error: ") and "holds another study" in other.stderr
     assert [row["cell"] for row in table(tmp_path)] == ["hidden_size-16"]
+
+
+# Two Ray nodes on this machine, as Ray's own tests start clusters; this program prints
+# the head's address, and shuts the cluster down when its stdin closes.
+TWO_NODE_CLUSTER = """
+import sys
+from ray.cluster_utils import Cluster
+node = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
+cluster = Cluster(initialize_head=True, head_node_args=node | {"include_dashboard": False})
+cluster.add_node(**node)
+cluster.wait_for_nodes()
+print(cluster.address, flush=True)
+sys.stdin.read()
+cluster.shutdown()
+"""
+
+
+@pytest.mark.ray
+def test_a_study_on_a_two_node_ray_cluster_runs_cells_on_both_nodes(tmp_path):
+    """A head and a worker node of one CPU each, token authentication on; cells of one
+    CPU, their folders copied to their node and back (--files copy, as where nodes share
+    no storage)."""
+    environment = os.environ | {
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # a single-machine cluster, on 127.0.0.1
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+    }
+    cluster = subprocess.Popen(
+        [sys.executable, "-c", TWO_NODE_CLUSTER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=environment,
+    )
+    try:
+        address = cluster.stdout.readline().strip()
+        assert address, "the cluster did not start"
+        path = write_study(tmp_path, "seed = [1, 2, 3, 4]\n[resources]\ncpus = 1")
+        command = [sys.executable, "-m", "torchbeast.study", path]
+        command += ["--ray_address", address, "--files", "copy"]
+        done = subprocess.run(
+            command, cwd=REPO, capture_output=True, text=True, timeout=600, env=environment
+        )
+    finally:
+        cluster.stdin.close()
+        cluster.wait(timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "on the Ray cluster's 2 node(s)" in done.stdout
+    rows = table(tmp_path)
+    assert [row["status"] for row in rows] == ["finished"] * 4
+    folder = tmp_path / "runs" / "grid"
+    states = [json.loads((folder / row["cell"] / "study_cell.json").read_text()) for row in rows]
+    assert len({state["node_id"] for state in states}) == 2  # both nodes ran cells
+    for row in rows:  # each cell's folder came back whole
+        run = folder / row["cell"]
+        assert (run / "model.tar").exists() and (run / "eval.json").exists()
+        assert "of them 1 by OMP_NUM_THREADS" in (run / "out.log").read_text()
+        assert int(row["steps"]) >= 800
+
+
+def test_a_cell_folder_sent_back_replaces_the_old_one_but_keeps_the_replay(tmp_path):
+    from torchbeast.study_cluster import pack, replace_folder
+
+    sent = tmp_path / "sent"
+    sent.mkdir()
+    (sent / "model.tar").write_bytes(b"new checkpoint")
+    (sent / "replay.tar").write_bytes(b"the node's replay")  # left behind: not packed
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    (cell / "model.tar").write_bytes(b"old checkpoint")
+    (cell / "stale.txt").write_text("gone")
+    (cell / "replay.tar").write_bytes(b"the study's replay")
+    replace_folder(cell, pack(sent))
+    assert sorted(p.name for p in cell.iterdir()) == ["model.tar", "replay.tar"]
+    assert (cell / "model.tar").read_bytes() == b"new checkpoint"
+    assert (cell / "replay.tar").read_bytes() == b"the study's replay"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cell", "sent"]  # nothing aside
+
+
+def test_a_node_sees_a_shared_study_folder_by_its_token(tmp_path):
+    from torchbeast.study import read_study
+    from torchbeast.study_cluster import CellWorker, study_token
+
+    study = read_study(write_study(tmp_path, "seed = [1]"))
+    study.folder.mkdir(parents=True)
+    token = study_token(study)
+    assert study_token(study) == token  # written once
+    worker = CellWorker()
+    assert worker.sees(str(study.folder), token)
+    assert not worker.sees(str(study.folder), "another study's token")
+    assert not worker.sees(str(tmp_path / "elsewhere"), token)

@@ -16,18 +16,25 @@ each a list of values: the grid is every combination) and the flags of the evalu
     seed = [1, 2]
     [eval]
     num_episodes = 10
+    [resources]                      # what one cell takes (default: 2 CPUs, no GPU)
+    cpus = 2
 
 Each cell trains as ``python -m torchbeast.<runtime> --config <cell>/study_flags.toml``
 (so a wrong flag is one line, as in any config file), then plays ``--mode eval`` with the
 same flags (its own reward settings; eval.json holds the true reward too where the env has
 one). A study run again skips the cells that finished and resumes the others from their
 checkpoints; a cell that fails is recorded with its last error line and the others go on.
+
+Cells run on this machine, ``--parallel`` at a time (default: as many as its cores hold
+cells of ``cpus``), or on an existing Ray cluster with ``--ray_address`` (``study_cluster``),
+each placed by Ray on a node with the cell's CPUs and GPUs free.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import csv
 import dataclasses
 import itertools
@@ -41,9 +48,13 @@ import sys
 import threading
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
+from torchbeast.config.resolvers import default_layout
 from torchbeast.curves import read_logs, return_last_100_curve
+from torchbeast.runtime.processes import die_with_parent
 
 ENTRY_POINTS = {
     "mono": "torchbeast.monobeast",
@@ -62,12 +73,21 @@ class StudyError(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
+class Resources:
+    """What one cell takes: the CPUs its actors and learner use, and its GPUs."""
+
+    cpus: int = 2
+    gpus: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Study:
     name: str
     runtime: str
     flags: dict[str, object]
     axes: dict[str, list[object]]
     eval_flags: dict[str, object]
+    resources: Resources = dataclasses.field(default_factory=lambda: Resources())
 
     @property
     def folder(self) -> Path:
@@ -81,6 +101,7 @@ class Study:
             "flags": self.flags,
             "axes": self.axes,
             "eval": self.eval_flags,
+            "resources": dataclasses.asdict(self.resources),
         }
 
     def cells(self) -> list[Cell]:
@@ -108,32 +129,130 @@ class Cell:
         return self.study.folder / self.name
 
     def flags(self) -> dict[str, object]:
-        """The flags the cell trains with: the study's, then its axes' values."""
+        """The flags the cell trains with: the study's, then its axes' values; where
+        neither sets the layout, the layout a run chooses for the cell's CPUs (not for
+        every core of the machine or node it lands on)."""
         flags = {k: v for k, v in self.study.flags.items() if k not in ("savedir", "xpid")}
-        return flags | self.values
+        flags |= self.values
+        if "num_actors" not in flags and "envs_per_actor" not in flags:
+            actors, envs = default_layout(self.study.resources.cpus)
+            flags |= {"num_actors": actors, "envs_per_actor": envs}
+        return flags
 
-    def command(self, *extra: str) -> list[str]:
-        module = ENTRY_POINTS[self.study.runtime]
-        where = ["--savedir", str(self.study.folder), "--xpid", self.name]
-        return [
-            sys.executable,
-            "-m",
-            module,
-            "--config",
-            str(self.folder / CELL_FLAGS),
-            *where,
-            *extra,
-        ]
+    def job(self) -> CellJob:
+        return CellJob(
+            name=self.name,
+            module=ENTRY_POINTS[self.study.runtime],
+            savedir=str(self.study.folder),
+            eval_words=tuple(flag_words(self.study.eval_flags)),
+            cpus=self.study.resources.cpus,
+        )
+
+    def write_flags(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / CELL_FLAGS).write_text(
+            "".join(f"{name} = {toml_value(value)}\n" for name, value in self.flags().items())
+        )
 
     def finished(self) -> bool:
         """Trained to its steps and evaluated (a study run again skips it)."""
         return self.state().get("status") == "finished" and (self.folder / "eval.json").exists()
 
     def state(self) -> dict:
-        try:
-            return json.loads((self.folder / CELL_STATE).read_text())
-        except (OSError, ValueError):
-            return {}
+        return read_state(self.folder)
+
+
+def read_state(folder: Path) -> dict:
+    """How the cell in ``folder`` ended (``CELL_STATE``), or {} before it has."""
+    try:
+        return json.loads((folder / CELL_STATE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class CellJob:
+    """Running one cell, as plain data (it travels to a Ray node): the cell's folder is
+    savedir/name, and its flags are in its ``CELL_FLAGS`` file there."""
+
+    name: str
+    module: str  # the entry point, "torchbeast.monobeast"
+    savedir: str  # the study's folder
+    eval_words: tuple[str, ...]  # the evaluation's flags
+    cpus: int  # the learner process's threads are limited to them
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.savedir) / self.name
+
+    def command(self, *extra: str) -> list[str]:
+        config = str(self.folder / CELL_FLAGS)
+        where = ["--savedir", self.savedir, "--xpid", self.name]
+        return [sys.executable, "-m", self.module, "--config", config, *where, *extra]
+
+
+class CellProcess:
+    """Runs a cell's commands one at a time, each in its own process; ``stop`` asks the
+    running one to stop (SIGTERM: it writes its checkpoint) and starts no more."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.process: subprocess.Popen | None = None
+        self.stopped = False
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopped = True
+            if self.process is not None:
+                self.process.send_signal(signal.SIGTERM)
+
+    def call(self, job: CellJob, command: list[str]) -> tuple[int, str]:
+        """Runs ``command`` with its output appended to the cell's log; its exit code
+        and its last line on stderr (or stdout)."""
+        # The cell's CPUs, not the machine's: OMP_NUM_THREADS bounds the learner's threads.
+        env = os.environ | {"OMP_NUM_THREADS": str(job.cpus)}
+        with open(job.folder / CELL_LOG, "a") as log:
+            log.write(f"$ {' '.join(command)}\n")
+            log.flush()
+            with self.lock:
+                if self.stopped:
+                    return 1, "stopped"
+                self.process = subprocess.Popen(
+                    command,
+                    stdout=log,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                    preexec_fn=die_with_parent,  # a study killed outright takes its runs along
+                )
+            _, stderr = self.process.communicate()
+            with self.lock:
+                returncode, self.process = self.process.returncode, None
+            log.write(stderr)
+        lines = stderr.strip().splitlines()
+        return returncode, lines[-1] if lines else f"exit code {returncode}"
+
+
+def train_and_evaluate(
+    job: CellJob, process: CellProcess, where: dict[str, str] | None = None
+) -> dict | None:
+    """Trains the cell (from its checkpoint if it has one) and evaluates it, and records
+    how it ended in its folder (with ``where`` it ran); returns that record, or None when
+    it was stopped (its wall-clock is kept: the same study goes on with it)."""
+    started = time.monotonic()
+    returncode, last = process.call(job, job.command())
+    if returncode == 0 and not process.stopped:
+        returncode, last = process.call(job, job.command("--mode", "eval", *job.eval_words))
+    seconds = time.monotonic() - started + read_state(job.folder).get("seconds", 0.0)
+    if process.stopped:
+        status, error = "stopped", None
+    elif returncode == 0:
+        status, error = "finished", None
+    else:
+        status, error = "failed", last
+    state = {"status": status, "error": error, "seconds": round(seconds, 1), **(where or {})}
+    (job.folder / CELL_STATE).write_text(json.dumps(state, indent=2) + "\n")
+    return None if status == "stopped" else state
 
 
 def read_study(path: str) -> Study:
@@ -145,11 +264,11 @@ def read_study(path: str) -> Study:
         raise StudyError(f"cannot read the study file {path} ({error.strerror or error})") from None
     except tomllib.TOMLDecodeError as error:
         raise StudyError(f"{path} is not valid TOML ({error})") from None
-    unknown = set(table) - {"runtime", "name", "flags", "axes", "eval"}
+    unknown = set(table) - {"runtime", "name", "flags", "axes", "eval", "resources"}
     if unknown:
         raise StudyError(
             f"{path}: unknown key {sorted(unknown)[0]!r}: a study file has runtime, name, "
-            "[flags], [axes] and [eval]"
+            "[flags], [axes], [eval] and [resources]"
         )
     runtime = table.get("runtime", "mono")
     if runtime not in ENTRY_POINTS:
@@ -166,7 +285,23 @@ def read_study(path: str) -> Study:
     name = table.get("name", Path(path).stem)
     if not re.fullmatch(r"[\w.\-]+", str(name)):
         raise StudyError(f"{path}: name {name!r} must be a folder name (letters, digits, . _ -)")
-    return Study(str(name), runtime, flags, axes, eval_flags)
+    return Study(str(name), runtime, flags, axes, eval_flags, read_resources(path, table))
+
+
+def read_resources(path: str, table: dict) -> Resources:
+    """The [resources] table: ``cpus`` (a whole number, at least 1) and ``gpus`` (0 or more;
+    a fraction shares a GPU between cells)."""
+    resources = dict(table.get("resources", {}))
+    unknown = set(resources) - {"cpus", "gpus"}
+    if unknown:
+        raise StudyError(f"{path}: [resources] has cpus and gpus, not {sorted(unknown)[0]!r}")
+    cpus = resources.get("cpus", Resources.cpus)
+    gpus = resources.get("gpus", Resources.gpus)
+    if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1:
+        raise StudyError(f"{path}: [resources] cpus must be a whole number of at least 1")
+    if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
+        raise StudyError(f"{path}: [resources] gpus must be a number of at least 0")
+    return Resources(cpus, float(gpus))
 
 
 def toml_value(value: object) -> str:
@@ -209,22 +344,66 @@ def claim_folder(study: Study) -> None:
     folder.mkdir(parents=True, exist_ok=True)
 
 
+class Executor(Protocol):
+    """Where a study's cells run: this machine (``LocalCells``) or a Ray cluster
+    (``study_cluster.ClusterCells``)."""
+
+    parallel: int  # cells handed to it at once
+    where: str  # for the study's first line: "2 at a time on this machine"
+    starting: str  # what a cell handed to it does first: "training, then evaluating"
+
+    def run(self, cell: Cell) -> dict | None:
+        """Trains and evaluates ``cell`` (its flags file written); its record, or None
+        when stopped."""
+        ...
+
+    def stop(self) -> None:
+        """Asks every running cell to stop (they checkpoint); starts no more."""
+        ...
+
+
+class LocalCells:
+    """Cells on this machine, ``parallel`` at a time, each in its own subprocesses."""
+
+    def __init__(self, parallel: int):
+        self.parallel = parallel
+        self.where = f"{parallel} at a time on this machine"
+        self.starting = "training, then evaluating"
+        self.lock = threading.Lock()
+        self.running: set[CellProcess] = set()
+        self.stopping = False
+
+    def run(self, cell: Cell) -> dict | None:
+        process = CellProcess()
+        with self.lock:
+            if self.stopping:
+                return None
+            self.running.add(process)
+        try:
+            return train_and_evaluate(cell.job(), process)
+        finally:
+            with self.lock:
+                self.running.discard(process)
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping = True
+            for process in self.running:
+                process.stop()
+
+
 class Runner:
-    """Runs cells, ``parallel`` at a time, each in its own subprocesses; ``stop`` (Ctrl-C,
+    """Hands cells to an executor, as many at a time as it takes; ``stop`` (Ctrl-C,
     SIGTERM) starts no more and asks the runs it trains to stop (they checkpoint)."""
 
-    def __init__(self, study: Study, parallel: int):
-        self.study, self.parallel = study, parallel
+    def __init__(self, executor: Executor):
+        self.executor = executor
         self.print_lock = threading.Lock()
         self.stopping = threading.Event()
-        self.running: set[subprocess.Popen] = set()
-        self.running_lock = threading.Lock()
 
     def stop(self) -> None:
         self.stopping.set()
-        with self.running_lock:
-            for process in self.running:
-                process.send_signal(signal.SIGTERM)
+        self.executor.stop()
 
     def say(self, text: str) -> None:
         with self.print_lock:
@@ -236,47 +415,17 @@ class Runner:
         if cell.finished():
             self.say(f"{cell.name}: finished before, skipped")
             return
-        cell.folder.mkdir(parents=True, exist_ok=True)
-        (cell.folder / CELL_FLAGS).write_text(
-            "".join(f"{name} = {toml_value(value)}\n" for name, value in cell.flags().items())
-        )
-        started = time.monotonic()
-        self.say(f"{cell.name}: training")
-        status, error = "finished", None
-        returncode, last = self.call(cell, cell.command())
-        if self.stopping.is_set():
+        cell.write_flags()
+        self.say(f"{cell.name}: {self.executor.starting}")
+        state = self.executor.run(cell)
+        if state is None:
             return  # stopped, not failed: the same command goes on with it
-        if returncode == 0:
-            eval_flags = flag_words(self.study.eval_flags)
-            self.say(f"{cell.name}: evaluating")
-            returncode, last = self.call(cell, cell.command("--mode", "eval", *eval_flags))
-        if returncode != 0:
-            status, error = "failed", last
-        seconds = time.monotonic() - started + cell.state().get("seconds", 0.0)
-        state = {"status": status, "error": error, "seconds": round(seconds, 1)}
-        (cell.folder / CELL_STATE).write_text(json.dumps(state, indent=2) + "\n")
-        self.say(f"{cell.name}: {status}" + (f" ({error})" if error else ""))
-
-    def call(self, cell: Cell, command: list[str]) -> tuple[int, str]:
-        """Runs one command of a cell, its output appended to the cell's log; its exit
-        code and its last line on stderr (or stdout)."""
-        with open(cell.folder / CELL_LOG, "a") as log:
-            log.write(f"$ {' '.join(command)}\n")
-            log.flush()
-            with self.running_lock:
-                if self.stopping.is_set():
-                    return 1, "stopped"
-                process = subprocess.Popen(command, stdout=log, stderr=subprocess.PIPE, text=True)
-                self.running.add(process)
-            _, stderr = process.communicate()
-            with self.running_lock:
-                self.running.discard(process)
-            log.write(stderr)
-        lines = stderr.strip().splitlines()
-        return process.returncode, lines[-1] if lines else f"exit code {process.returncode}"
+        where = f" on {state['node']}" if "node" in state else ""
+        error = f" ({state['error']})" if state.get("error") else ""
+        self.say(f"{cell.name}: {state['status']}{where}{error}")
 
     def run(self, cells: list[Cell]) -> None:
-        pool = concurrent.futures.ThreadPoolExecutor(self.parallel)
+        pool = concurrent.futures.ThreadPoolExecutor(self.executor.parallel)
         futures = [pool.submit(self.run_cell, cell) for cell in cells]
         try:
             for future in futures:
@@ -294,6 +443,8 @@ def cell_row(cell: Cell) -> dict[str, object]:
     row: dict[str, object] = {"cell": cell.name, **cell.values}
     row.update(status=state.get("status", "not run"), error=state.get("error") or "")
     row["seconds"] = state.get("seconds", math.nan)
+    if "node" in state:  # where a cluster ran it
+        row["node"] = state["node"]
     try:
         logs = read_logs(cell.folder)
         steps, returns = return_last_100_curve(logs)
@@ -329,13 +480,26 @@ def write_table(study: Study, cells: list[Cell]) -> list[dict]:
     return rows
 
 
-def default_parallel() -> int:
-    """Cells at once: one per two cores (each run uses at least two: actors, learner)."""
-    return max(1, len(os.sched_getaffinity(0)) // 2)
+def default_parallel(study: Study) -> int:
+    """Cells at once on this machine: as many as its cores hold cells of the study's CPUs."""
+    return max(1, len(os.sched_getaffinity(0)) // study.resources.cpus)
 
 
 def raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def executor_for(study: Study, args: argparse.Namespace, cells: int) -> Iterator[Executor]:
+    """This machine's cells, or the Ray cluster's (joined here, left at the end)."""
+    if args.ray_address is None:
+        parallel = args.parallel or default_parallel(study)
+        yield LocalCells(parallel)
+        return
+    from torchbeast import study_cluster  # imports Ray only for a study on a cluster
+
+    with study_cluster.cluster_cells(study, args.ray_address, args.files, cells) as executor:
+        yield executor
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -349,32 +513,51 @@ def make_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="cells trained at once (default: one per two cores)",
+        help="cells trained at once on this machine (default: its cores divided by the "
+        "cells' [resources] cpus, 2 unless the study file says)",
+    )
+    parser.add_argument(
+        "--ray_address",
+        default=None,
+        metavar="HOST:PORT",
+        help="run the cells on this Ray cluster (or auto), each on a node with its "
+        "[resources] free, instead of on this machine",
+    )
+    parser.add_argument(
+        "--files",
+        choices=("auto", "shared", "copy"),
+        default="auto",
+        help="on a Ray cluster: shared, every node sees the study's folder at its path "
+        "(shared storage); copy, a cell's folder travels to its node and back; auto "
+        "(default), shared where the node sees it, else copy",
     )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    try:
-        study = read_study(args.study)
-        parallel = args.parallel or default_parallel()
-        if parallel < 1:
-            raise StudyError(f"--parallel must be at least 1, got {parallel}")
-        claim_folder(study)
-    except StudyError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    cells = study.cells()
-    write_table(study, cells)  # the folder says what it holds from the start
-    print(f"Study {study.name}: {len(cells)} cells, {parallel} at a time, in {study.folder}")
     signal.signal(signal.SIGTERM, raise_interrupt)  # a scheduler's stop, as Ctrl-C's
     try:
-        Runner(study, parallel).run(cells)
+        study = read_study(args.study)
+        if args.parallel is not None and args.ray_address is not None:
+            raise StudyError(
+                "--parallel is for this machine; on a Ray cluster (--ray_address) "
+                "Ray runs as many cells as its nodes have [resources] for"
+            )
+        if args.parallel is not None and args.parallel < 1:
+            raise StudyError(f"--parallel must be at least 1, got {args.parallel}")
+        claim_folder(study)
+        cells = study.cells()
+        with executor_for(study, args, len(cells)) as executor:
+            write_table(study, cells)  # the folder says what it holds from the start
+            print(f"Study {study.name}: {len(cells)} cells, {executor.where}, in {study.folder}")
+            Runner(executor).run(cells)
     except StudyError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        if "cells" not in locals():
+            return 130
         write_table(study, cells)
         print("stopped: run the same command to go on; finished cells are kept", file=sys.stderr)
         return 130

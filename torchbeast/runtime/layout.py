@@ -12,6 +12,13 @@ def machine_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
+def omp_thread_limit() -> int | None:
+    """OMP_NUM_THREADS where it is a whole number of at least 1 (a study gives each cell
+    its CPUs' worth; a user may set it too), else None."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) >= 1 else None
+
+
 def threads_per_op(cores: int, concurrent_ops: int) -> int:
     """Threads each op of the learner process may use: the cores, shared by the threads
     that run ops at the same time (updates, which are serialised, count once; PolyBeast's
@@ -28,10 +35,12 @@ def limit_learner_threads(concurrent_ops: int) -> str:
     """Sets the learner process's threads per op (see ``threads_per_op``); returns a line
     for the run's log that says how many and why."""
     cores = machine_cores()
-    threads = threads_per_op(cores, concurrent_ops)
+    limit = omp_thread_limit()
+    threads = threads_per_op(min(cores, limit or cores), concurrent_ops)
     torch.set_num_threads(threads)
+    limited = f", of them {limit} by OMP_NUM_THREADS" if limit and limit < cores else ""
     return (
-        f"PyTorch uses {threads} thread(s) per op in the learner process ({cores} cores, "
+        f"PyTorch uses {threads} thread(s) per op in the learner process ({cores} cores{limited}, "
         f"{concurrent_ops} thread(s) running ops at once; idle ones sleep: "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')})."
     )

@@ -21,14 +21,20 @@ def is_loopback(host: str) -> bool:
 
 
 def prepare_environment(settings: Settings) -> None:
-    """Settings Ray reads from the environment when it is imported, so set them first.
+    """Settings Ray reads from the environment when it is imported, so set them first
+    (see ``prepare_ray_environment``)."""
+    prepare_ray_environment(settings.runtime.ray_address)
+
+
+def prepare_ray_environment(address: str | None) -> None:
+    """Settings Ray reads from the environment when it is imported, for a Ray started on
+    this machine (``address`` None) or joined at ``address`` (host:port or "auto").
 
     Ray replaces 127.0.0.1 with this machine's network address unless told that this is
     a single-machine cluster; then every Ray server listens on 127.0.0.1 only. Token
     authentication is asked for when joining a cluster (Ray starts its own clusters with
     it); RAY_AUTH_MODE=disabled in the environment opts out.
     """
-    address = settings.runtime.ray_address
     host = None if address in (None, "auto") else address.rpartition(":")[0]
     if address is None or (host is not None and is_loopback(host)):
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
