@@ -464,3 +464,30 @@ def test_eval_of_a_file_that_is_no_torchbeast_checkpoint_is_one_clear_error(tmp_
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert_one_error_line(result, "is not a torchbeast checkpoint (no env)")
+
+
+def test_a_random_policy_is_evaluated_with_the_proxy_and_the_true_return(tmp_path):
+    """No checkpoint needed with --env: the level a study marks in its figures."""
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.monobeast", "--mode", "eval", "--random_policy",
+         "--env", "RiverraidNoFrameskip-v4", "--fuel_multiplier", "0", "--num_episodes", "2",
+         "--seed", "3", "--savedir", str(tmp_path), "--xpid", "random"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "random" / "eval.json").exists()  # a trained run's eval stays
+    report = json.loads((tmp_path / "random" / "eval_random.json").read_text())
+    assert report["policy"] == "random" and report["num_episodes"] == 2
+    assert report["reward_proxy"]["fuel_multiplier"] == 0.0
+    for episode in report["episodes"]:
+        # Random play scores, and with canisters worth 0 its proxy return is at most that.
+        assert 0 < episode["true_return"] and episode["proxy_return"] <= episode["true_return"]
+
+
+def test_a_random_policy_without_a_checkpoint_or_an_env_is_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast_learner", "--mode", "eval",
+         "--random_policy", "--savedir", str(tmp_path), "--xpid", "r"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert_one_error_line(result, "no checkpoint at")

@@ -85,8 +85,23 @@ def test_a_study_trains_evaluates_and_tabulates_every_cell_once(tmp_path):
         report = json.loads((run / "eval.json").read_text())
         assert float(row["eval_return"]) == report["return"]["mean"]
         assert report["num_episodes"] == 2
+        # The random policy's level, with the cell's own env and reward settings.
+        random = json.loads((run / "eval_random.json").read_text())
+        assert random["policy"] == "random" and "parameters" not in random
+        assert float(row["random_return"]) == random["return"]["mean"]
     spec = json.loads((tmp_path / "runs" / "grid" / "study.json").read_text())
     assert [cell["cell"] for cell in spec["cells"]] == ["hidden_size-16", "hidden_size-32"]
+    # Its figures: the capacity figure and one learning-curve panel per cell.
+    drawn = subprocess.run(
+        [sys.executable, "-m", "torchbeast.study_plot", str(tmp_path / "runs" / "grid")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert drawn.returncode == 0, drawn.stderr
+    for name in ("capacity.png", "curves.png"):
+        assert (tmp_path / "runs" / "grid" / name).read_bytes().startswith(b"\x89PNG")
 
 
 def test_a_study_stopped_midway_goes_on_from_where_it_was(tmp_path):

@@ -66,6 +66,8 @@ def run(
             video.check_path(settings.run.video)
         except video.VideoError as error:
             parser.error(str(error))
+    if settings.run.random_policy and mode == "train":
+        parser.error("--random_policy plays in --mode test and eval; it does not train")
     if mode == "train":
         train = train or RUNTIMES[runtime].train
         # Before the runtime starts: its first lines (listening, connecting) obey it too.

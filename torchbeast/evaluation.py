@@ -15,12 +15,14 @@ import os
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from torchbeast import envs, video
 from torchbeast.config.settings import Settings
 from torchbeast.core import checkpoint
-from torchbeast.core.models import create_model, model_config
+from torchbeast.core.models import Agent, create_model, model_config
 from torchbeast.core.settings import ModelSettings
+from torchbeast.core.spec import EnvSpec
 from torchbeast.envs.family import family_of
 from torchbeast.envs.settings import EnvSettings
 from torchbeast.runtime.acting import act, as_tensors
@@ -52,6 +54,23 @@ class Episode:
         return {**totals, **per_step, "episode_length": float(self.length)}
 
 
+class RandomPolicy:
+    """Uniformly random actions, seeded (``--random_policy``): what a trained agent's
+    figures are compared with."""
+
+    def __init__(self, num_actions: int, seed: int | None):
+        self.num_actions = num_actions
+        self.generator = torch.Generator().manual_seed(seed or 0)
+
+    def initial_state(self, batch_size: int) -> tuple:
+        return ()
+
+    def __call__(self, inputs: dict[str, torch.Tensor], core_state: tuple) -> tuple[dict, tuple]:
+        batch = inputs["reward"].shape  # [1, E]
+        action = torch.randint(self.num_actions, batch, generator=self.generator)
+        return {"action": action}, core_state
+
+
 @dataclasses.dataclass(frozen=True)
 class Trained:
     """A trained run's checkpoint, and the environments to play it on: ``--env``, or if
@@ -63,8 +82,11 @@ class Trained:
 
 
 def load_trained(settings: Settings) -> Trained:
-    """The run's checkpoint, with the env id resolved."""
+    """The run's checkpoint, with the env id resolved. A random policy needs none where
+    ``--env`` is given."""
     path = checkpoint.path_in(settings.run.run_dir)
+    if settings.run.random_policy and settings.env.env and not os.path.exists(path):
+        return Trained({}, "", settings.env)
     state = checkpoint.load(path)
     env = settings.env
     if env.env is None:
@@ -101,13 +123,9 @@ def play(settings: Settings, trained: Trained, render: bool = False) -> list[Epi
     env = envs.create_env(trained.env, num_envs=1, render=render_mode)
     proxy = envs.reward_description(trained.env) is not None
     return_name = "proxy_return" if proxy else "return"
-    state = trained.state
     try:
+        model = policy(settings, trained, env.spec)
         spec = env.spec
-        config = checkpoint_model_config(settings.model, trained, spec.observation_shape)
-        model = create_model(config, spec.observation_shape, spec.num_actions)
-        model.load_state_dict(state["model_state_dict"])
-        model.eval()  # greedy actions
         episodes: list[Episode] = []
         env_output = as_tensors(env.reset(seed=trained.env.seed))
         core_state = model.initial_state(1)
@@ -149,6 +167,17 @@ def play(settings: Settings, trained: Trained, render: bool = False) -> list[Epi
         env.close()
 
 
+def policy(settings: Settings, trained: Trained, spec: EnvSpec) -> Agent | RandomPolicy:
+    """The checkpoint's model, playing greedily; or a random policy."""
+    if settings.run.random_policy:
+        return RandomPolicy(spec.num_actions, trained.env.seed)
+    config = checkpoint_model_config(settings.model, trained, spec.observation_shape)
+    model = create_model(config, spec.observation_shape, spec.num_actions)
+    model.load_state_dict(trained.state["model_state_dict"])
+    model.eval()  # greedy actions
+    return model
+
+
 def test(settings: Settings, render: bool = False) -> list[float]:
     """--mode test: plays ``num_episodes`` whole games greedily and logs their returns."""
     setup_console_logging()
@@ -180,22 +209,22 @@ def evaluate(settings: Settings) -> dict:
     )
     episodes = play(settings, trained)
     summary = summarize(episodes)
-    # The models hold parameters only (no buffers such as batch-norm statistics).
-    parameters = sum(tensor.numel() for tensor in state["model_state_dict"].values())
     for name, figure in summary.items():
         log.info("%-22s %10.2f ± %.2f", name, figure["mean"], figure["std"])
-    report = {
-        "xpid": xpid,
-        "env": trained.env.env,
-        "num_episodes": len(episodes),
-        "parameters": parameters,
-        **family_figures,
-        **summary,
-        "episodes": [episode.figures() for episode in episodes],
-    }
-    eval_path = os.path.join(settings.run.run_dir, "eval.json")
+    report: dict[str, object] = {"xpid": xpid, "env": trained.env.env}
+    report["num_episodes"] = len(episodes)
+    if settings.run.random_policy:
+        report["policy"] = "random"
+        eval_path = os.path.join(settings.run.run_dir, "eval_random.json")
+        os.makedirs(settings.run.run_dir, exist_ok=True)
+    else:
+        # The models hold parameters only (no buffers such as batch-norm statistics).
+        report["parameters"] = sum(t.numel() for t in state["model_state_dict"].values())
+        eval_path = os.path.join(settings.run.run_dir, "eval.json")
+    report |= {**family_figures, **summary, "episodes": [e.figures() for e in episodes]}
     write_json_atomically(eval_path, report)
-    log.info("Wrote %s (%d parameters).", eval_path, parameters)
+    parameters = f" ({report['parameters']} parameters)" if "parameters" in report else ""
+    log.info("Wrote %s%s.", eval_path, parameters)
     return report
 
 

@@ -88,6 +88,7 @@ class Study:
     axes: dict[str, list[object]]
     eval_flags: dict[str, object]
     resources: Resources = dataclasses.field(default_factory=lambda: Resources())
+    random_policy: bool = True  # each cell's random-policy level too
 
     @property
     def folder(self) -> Path:
@@ -102,6 +103,7 @@ class Study:
             "axes": self.axes,
             "eval": self.eval_flags,
             "resources": dataclasses.asdict(self.resources),
+            "random_policy": self.random_policy,
         }
 
     def cells(self) -> list[Cell]:
@@ -146,6 +148,7 @@ class Cell:
             savedir=str(self.study.folder),
             eval_words=tuple(flag_words(self.study.eval_flags)),
             cpus=self.study.resources.cpus,
+            random_policy=self.study.random_policy,
         )
 
     def write_flags(self) -> None:
@@ -180,6 +183,7 @@ class CellJob:
     savedir: str  # the study's folder
     eval_words: tuple[str, ...]  # the evaluation's flags
     cpus: int  # the learner process's threads are limited to them
+    random_policy: bool = True  # evaluate a random policy too (eval_random.json)
 
     @property
     def folder(self) -> Path:
@@ -241,8 +245,12 @@ def train_and_evaluate(
     it was stopped (its wall-clock is kept: the same study goes on with it)."""
     started = time.monotonic()
     returncode, last = process.call(job, job.command())
-    if returncode == 0 and not process.stopped:
-        returncode, last = process.call(job, job.command("--mode", "eval", *job.eval_words))
+    evaluations = [("--mode", "eval", *job.eval_words)]
+    if job.random_policy:  # the random policy's level, with the cell's reward settings
+        evaluations.append(("--mode", "eval", "--random_policy", *job.eval_words))
+    for evaluation in evaluations:
+        if returncode == 0 and not process.stopped:
+            returncode, last = process.call(job, job.command(*evaluation))
     seconds = time.monotonic() - started + read_state(job.folder).get("seconds", 0.0)
     if process.stopped:
         status, error = "stopped", None
@@ -264,12 +272,16 @@ def read_study(path: str) -> Study:
         raise StudyError(f"cannot read the study file {path} ({error.strerror or error})") from None
     except tomllib.TOMLDecodeError as error:
         raise StudyError(f"{path} is not valid TOML ({error})") from None
-    unknown = set(table) - {"runtime", "name", "flags", "axes", "eval", "resources"}
+    keys = {"runtime", "name", "random_policy", "flags", "axes", "eval", "resources"}
+    unknown = set(table) - keys
     if unknown:
         raise StudyError(
             f"{path}: unknown key {sorted(unknown)[0]!r}: a study file has runtime, name, "
-            "[flags], [axes], [eval] and [resources]"
+            "random_policy, [flags], [axes], [eval] and [resources]"
         )
+    random_policy = table.get("random_policy", True)
+    if not isinstance(random_policy, bool):
+        raise StudyError(f"{path}: random_policy must be true or false")
     runtime = table.get("runtime", "mono")
     if runtime not in ENTRY_POINTS:
         raise StudyError(f"{path}: runtime {runtime!r}: use one of {', '.join(ENTRY_POINTS)}")
@@ -285,7 +297,8 @@ def read_study(path: str) -> Study:
     name = table.get("name", Path(path).stem)
     if not re.fullmatch(r"[\w.\-]+", str(name)):
         raise StudyError(f"{path}: name {name!r} must be a folder name (letters, digits, . _ -)")
-    return Study(str(name), runtime, flags, axes, eval_flags, read_resources(path, table))
+    resources = read_resources(path, table)
+    return Study(str(name), runtime, flags, axes, eval_flags, resources, random_policy)
 
 
 def read_resources(path: str, table: dict) -> Resources:
@@ -453,15 +466,17 @@ def cell_row(cell: Cell) -> dict[str, object]:
         row["train_return_best_100"] = float(returns.max()) if returns.size else math.nan
     except (OSError, ValueError, KeyError, IndexError):
         pass
-    try:
-        report = json.loads((cell.folder / "eval.json").read_text())
-    except (OSError, ValueError):
-        return row
-    row["parameters"] = report.get("parameters")
-    for name, figure in report.items():
-        if isinstance(figure, dict) and "mean" in figure:
-            row[f"eval_{name}"] = figure["mean"]
-            row[f"eval_{name}_std"] = figure.get("std")
+    for file, prefix in (("eval.json", "eval_"), ("eval_random.json", "random_")):
+        try:
+            report = json.loads((cell.folder / file).read_text())
+        except (OSError, ValueError):
+            continue
+        if "parameters" in report:
+            row["parameters"] = report["parameters"]
+        for name, figure in report.items():
+            if isinstance(figure, dict) and "mean" in figure:
+                row[f"{prefix}{name}"] = figure["mean"]
+                row[f"{prefix}{name}_std"] = figure.get("std")
     return row
 
 

@@ -81,6 +81,13 @@ class RunSettings:
         metavar="FILE.gif",
         group=TEST_AND_EVAL,
     )
+    random_policy: bool = flag(
+        False,
+        "(new) Test and eval modes play uniformly random actions instead of the model: "
+        "the random policy's level, with the run's env and reward settings (eval writes "
+        "eval_random.json; without a checkpoint, give --env).",
+        group=TEST_AND_EVAL,
+    )
     video_steps: int = flag(
         450,
         "(new) Agent steps --video records (Atari: 15 a second of play, so 30 s).",

@@ -1,0 +1,74 @@
+"""A study's figures and tables, from a study folder as the study command writes it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from torchbeast import study_plot
+from torchbeast.study import StudyError
+
+AXES = {"hidden_size": [64, 256], "fuel_multiplier": [1.0, 0.0], "seed": [1, 2]}
+
+
+def write_study_folder(folder, rows) -> None:
+    spec = {"study": {"runtime": "mono", "flags": {}, "axes": AXES, "eval": {}}, "cells": rows}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "study.json").write_text(json.dumps(spec))
+
+
+def row(hidden_size, fuel, seed, true_return, status="finished") -> dict:
+    return {
+        "cell": f"hidden_size-{hidden_size}_fuel_multiplier-{fuel}_seed-{seed}",
+        "hidden_size": hidden_size,
+        "fuel_multiplier": fuel,
+        "seed": seed,
+        "status": status,
+        "parameters": 1000 * hidden_size,
+        "eval_proxy_return": true_return / 2,
+        "eval_true_return": true_return,
+        "random_true_return": 100.0,
+    }
+
+
+def test_a_table_of_two_axes_averages_over_the_others(tmp_path):
+    rows = [row(64, 1.0, 1, 10.0), row(64, 1.0, 2, 30.0), row(256, 0.0, 1, 5.0)]
+    rows.append(row(256, 0.0, 2, 999.0, status="failed"))  # left out: not finished
+    write_study_folder(tmp_path, rows)
+    folder, study, cells = study_plot.load_study(str(tmp_path))
+    table = study_plot.pivot(study, cells, "hidden_size", "fuel_multiplier", "eval_true_return")
+    assert table[0, 0] == 20.0 and table[1, 1] == 5.0
+    assert math.isnan(table[0, 1]) and math.isnan(table[1, 0])
+    text = study_plot.markdown_table(
+        study, table, "hidden_size", "fuel_multiplier", "eval_true_return"
+    )
+    assert text.splitlines()[2] == "| 64 | 20 |  |"
+    assert study_plot.default_figure(cells) == "eval_true_return"
+
+
+def test_the_capacity_figure_has_a_panel_per_proxy(tmp_path):
+    rows = [row(h, f, s, 10.0 * h / 64 + s) for h in (64, 256) for f in (1.0, 0.0) for s in (1, 2)]
+    write_study_folder(tmp_path, rows)
+    folder, study, cells = study_plot.load_study(str(tmp_path))
+    assert study_plot.panels(study["axes"], ["hidden_size"]) == [
+        {"fuel_multiplier": 1.0},
+        {"fuel_multiplier": 0.0},
+    ]
+    assert study_plot.returns_measured(cells) == ["proxy_return", "true_return"]
+    out = study_plot.capacity_figure(study, cells, ["hidden_size"], tmp_path / "capacity.png")
+    assert out.read_bytes().startswith(b"\x89PNG")
+
+
+def test_asking_for_an_axis_the_study_lacks_is_one_line(tmp_path, capsys):
+    write_study_folder(tmp_path, [row(64, 1.0, 1, 10.0)])
+    assert study_plot.main([str(tmp_path), "--table", "hidden_size", "width"]) == 1
+    error = capsys.readouterr().err.strip()
+    axes = "hidden_size, fuel_multiplier, seed"
+    assert error == f"error: width is not an axis of the study: its axes are {axes}"
+
+
+def test_a_folder_without_a_study_is_one_line(tmp_path):
+    with pytest.raises(StudyError, match="run the study first"):
+        study_plot.load_study(str(tmp_path))
