@@ -13,6 +13,7 @@ each a list of values: the grid is every combination) and the flags of the evalu
     savedir = "~/logs/torchbeast"    # the study's folder is savedir/<study name>
     [axes]
     hidden_size = [64, 256, 1024]
+    reward = [{ name = "score" }, { name = "fuel5", fuel_multiplier = 5.0 }]  # sets of flags
     seed = [1, 2]
     [eval]
     num_episodes = 10
@@ -118,12 +119,17 @@ class Study:
 @dataclasses.dataclass(frozen=True)
 class Cell:
     study: Study
-    values: dict[str, object]  # axis -> this cell's value
+    values: dict[str, object]  # axis -> this cell's value (a flag's, or a named set's)
+
+    @property
+    def labels(self) -> dict[str, object]:
+        """Axis -> the value's label: the flag's value, or the named set's name."""
+        return {axis: label(value) for axis, value in self.values.items()}
 
     @property
     def name(self) -> str:
         """The cell's folder name (its xpid): "hidden_size-64_seed-1"."""
-        parts = [f"{axis}-{value}" for axis, value in self.values.items()]
+        parts = [f"{axis}-{value}" for axis, value in self.labels.items()]
         return re.sub(r"[^\w.\-]+", "_", "_".join(parts)) or "cell"
 
     @property
@@ -135,7 +141,11 @@ class Cell:
         neither sets the layout, the layout a run chooses for the cell's CPUs (not for
         every core of the machine or node it lands on)."""
         flags = {k: v for k, v in self.study.flags.items() if k not in ("savedir", "xpid")}
-        flags |= self.values
+        for axis, value in self.values.items():
+            if isinstance(value, dict):  # a named set of flags
+                flags |= {k: v for k, v in value.items() if k != "name"}
+            else:
+                flags[axis] = value
         if "num_actors" not in flags and "envs_per_actor" not in flags:
             actors, envs = default_layout(self.study.resources.cpus)
             flags |= {"num_actors": actors, "envs_per_actor": envs}
@@ -289,6 +299,12 @@ def read_study(path: str) -> Study:
     for name, values in axes.items():
         if not isinstance(values, list) or not values:
             raise StudyError(f"{path}: axis {name} must be a list of values, e.g. [64, 256]")
+        for value in values:
+            if isinstance(value, dict) and not isinstance(value.get("name"), str):
+                raise StudyError(
+                    f"{path}: axis {name}: a set of flags needs a name, e.g. "
+                    '{ name = "fuel5", fuel_multiplier = 5.0 }'
+                )
     flags = {name.replace("-", "_"): value for name, value in table.get("flags", {}).items()}
     overlap = sorted(set(flags) & set(axes))
     if overlap:
@@ -315,6 +331,12 @@ def read_resources(path: str, table: dict) -> Resources:
     if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
         raise StudyError(f"{path}: [resources] gpus must be a number of at least 0")
     return Resources(cpus, float(gpus))
+
+
+def label(value: object) -> object:
+    """An axis value as the table and the cell's name show it: a named set of flags (a
+    TOML table, e.g. ``{ name = "pacifist", fuel_multiplier = -1.0 }``) by its name."""
+    return value["name"] if isinstance(value, dict) else value
 
 
 def toml_value(value: object) -> str:
@@ -453,7 +475,7 @@ class Runner:
 def cell_row(cell: Cell) -> dict[str, object]:
     """One row of the study's table: the cell's settings, how it ended, what it learned."""
     state = cell.state()
-    row: dict[str, object] = {"cell": cell.name, **cell.values}
+    row: dict[str, object] = {"cell": cell.name, **cell.labels}
     row.update(status=state.get("status", "not run"), error=state.get("error") or "")
     row["seconds"] = state.get("seconds", math.nan)
     if "node" in state:  # where a cluster ran it

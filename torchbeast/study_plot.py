@@ -30,7 +30,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from torchbeast.curves import read_logs, return_last_100_curve
-from torchbeast.study import SPEC_NAME, StudyError, read_study
+from torchbeast.study import SPEC_NAME, StudyError, label, read_study
 
 CAPACITY_AXES = ("hidden_size", "num_layers", "torso", "use_resnet", "use_lstm")
 SEED_AXIS = "seed"
@@ -49,7 +49,10 @@ def load_study(path: str) -> tuple[Path, dict, list[dict]]:
             f"no study table in {folder} ({SPEC_NAME}): run the study first "
             "(python -m torchbeast.study FILE.toml)"
         ) from None
-    return folder, spec["study"], spec["cells"]
+    study = spec["study"]
+    # Named sets of flags as the table shows them: by their names.
+    study["axes"] = {axis: [label(v) for v in values] for axis, values in study["axes"].items()}
+    return folder, study, spec["cells"]
 
 
 def returns_measured(rows: list[dict]) -> list[str]:
