@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbeast import learncheck, lightlog, plot, scaling, study
+from torchbeast import learncheck, lightlog, plot, scaling, study, study_plot
 from torchbeast.config.flags import parse_flags, parse_flags_and_sources
 from torchbeast.config.parsers import (
     make_bench_parser,
@@ -119,6 +119,7 @@ PARSERS = {
     "torchbeast.scaling": lambda argv: scaling.make_parser().parse_known_args(argv),
     "torchbeast.envs": lambda argv: make_envs_parser().parse_args(argv),
     "torchbeast.study": lambda argv: study.make_parser().parse_args(argv),
+    "torchbeast.study_plot": lambda argv: study_plot.make_parser().parse_args(argv),
     "torchbeast.docs": lambda argv: None,
 }
 MAKE_TARGETS = {"install", "train", "test", "learn", "bench", "lint", "format", "docs"}
