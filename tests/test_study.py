@@ -130,6 +130,22 @@ def test_a_study_stopped_midway_goes_on_from_where_it_was(tmp_path):
     assert all(row["status"] == "finished" for row in rows)
 
 
+def test_a_study_killed_outright_takes_the_run_it_trains_along(tmp_path):
+    path = write_study(tmp_path, "seed = [1]")
+    text = open(path).read().replace("total_steps = 800", "total_steps = 1000000")
+    open(path, "w").write(text)
+    study = subprocess.Popen(
+        study_command(path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    run = tmp_path / "runs" / "grid" / "seed-1"
+    try:
+        wait_for(lambda: (run / "logs.csv").exists(), 120, "the cell's run")
+    finally:
+        study.kill()  # SIGKILL: no handler of the study's runs
+        study.wait(timeout=60)
+    wait_for(lambda: not runs_training(run), 30, "the run to die with the study")
+
+
 def test_a_cell_that_fails_is_recorded_and_the_others_go_on(tmp_path):
     done = run_study(write_study(tmp_path, "learning_rate = [-1.0, 0.001]"))
     assert done.returncode == 1

@@ -55,7 +55,7 @@ from typing import Protocol
 
 from torchbeast.config.resolvers import default_layout
 from torchbeast.curves import read_logs, return_last_100_curve
-from torchbeast.runtime.processes import die_with_parent
+from torchbeast.runtime.processes import child_dies_with_parent
 
 ENTRY_POINTS = {
     "mono": "torchbeast.monobeast",
@@ -237,7 +237,8 @@ class CellProcess:
                     stderr=subprocess.PIPE,
                     text=True,
                     env=env,
-                    preexec_fn=die_with_parent,  # a study killed outright takes its runs along
+                    # A study killed outright takes its runs along.
+                    preexec_fn=child_dies_with_parent(),
                 )
             _, stderr = self.process.communicate()
             with self.lock:

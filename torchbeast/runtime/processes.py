@@ -7,6 +7,7 @@ import ctypes
 import importlib
 import os
 import signal
+from collections.abc import Callable
 
 
 def die_with_parent() -> None:
@@ -16,6 +17,17 @@ def die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def child_dies_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child dies with the thread that
+    starts it (PR_SET_PDEATHSIG), or None where Linux's prctl is not at hand. libc is
+    loaded here, in the parent: a child forked from a threaded parent must not dlopen."""
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        return None
+    return lambda: prctl(1, signal.SIGKILL)
 
 
 def guarded_main(parent_pid: int, target: str, *args: object) -> None:
