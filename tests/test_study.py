@@ -200,6 +200,17 @@ def test_a_study_on_a_two_node_ray_cluster_runs_cells_on_both_nodes(tmp_path):
     try:
         address = cluster.stdout.readline().strip()
         assert address, "the cluster did not start"
+        # A cell no node could hold is refused, where Ray would queue it forever.
+        too_big = write_study(tmp_path, "seed = [1]\n[resources]\ncpus = 2", name="big")
+        refused = subprocess.run(
+            [sys.executable, "-m", "torchbeast.study", too_big, "--ray_address", address],
+            cwd=REPO, capture_output=True, text=True, timeout=120, env=environment,
+        )  # fmt: skip
+        assert refused.returncode == 1
+        assert refused.stderr.strip().splitlines()[-1] == (
+            "error: a cell asks for 2 CPUs ([resources] cpus) but the largest node of the "
+            "Ray cluster has 1: lower cpus, or add a node with them"
+        )
         path = write_study(tmp_path, "seed = [1, 2, 3, 4]\n[resources]\ncpus = 1")
         command = [sys.executable, "-m", "torchbeast.study", path]
         command += ["--ray_address", address, "--files", "copy"]

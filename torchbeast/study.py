@@ -613,4 +613,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # As the package's module, not as __main__: the classes the cluster module imports
+    # from torchbeast.study (StudyError, CellJob) are then the ones this code uses.
+    from torchbeast.study import main as study_main
+
+    sys.exit(study_main())

@@ -260,8 +260,21 @@ def cluster_cells(study: Study, address: str, files: str, cells: int) -> Iterato
     finally:
         signal.signal(signal.SIGTERM, handler)  # Ray's driver puts in its own, which aborts
     try:
-        nodes = len([node for node in ray.nodes() if node.get("Alive")])
+        alive = [node for node in ray.nodes() if node.get("Alive")]
+        check_fits(study, alive)
         cpus = ray.cluster_resources().get("CPU", 0)
-        yield ClusterCells(study, files, cells, nodes, cpus)
+        yield ClusterCells(study, files, cells, len(alive), cpus)
     finally:
         ray.shutdown()
+
+
+def check_fits(study: Study, nodes: list[dict]) -> None:
+    """Refuses a cell that no node of the cluster could hold (Ray would queue it forever)."""
+    for name, wanted in (("CPU", study.resources.cpus), ("GPU", study.resources.gpus)):
+        largest = max((node["Resources"].get(name, 0.0) for node in nodes), default=0.0)
+        if wanted > largest:
+            key = name.lower() + "s"
+            raise StudyError(
+                f"a cell asks for {wanted:g} {name}s ([resources] {key}) but the largest node "
+                f"of the Ray cluster has {largest:g}: lower {key}, or add a node with them"
+            )
