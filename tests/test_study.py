@@ -117,6 +117,8 @@ def test_a_study_stopped_midway_goes_on_from_where_it_was(tmp_path):
     try:
         wait_for(lambda: (folder / "seed-1" / "eval.json").exists(), 300, "the first cell")
         wait_for(lambda: (folder / "seed-2" / "logs.csv").exists(), 120, "the second cell")
+        # The table shows each cell as it ends, not only when the study does.
+        assert [row["status"] for row in table(tmp_path)] == ["finished", "not run", "not run"]
     finally:
         os.kill(first.pid, signal.SIGTERM)  # the study alone: it stops the run it trains
         first.wait(timeout=60)

@@ -49,7 +49,7 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -432,8 +432,9 @@ class Runner:
     """Hands cells to an executor, as many at a time as it takes; ``stop`` (Ctrl-C,
     SIGTERM) starts no more and asks the runs it trains to stop (they checkpoint)."""
 
-    def __init__(self, executor: Executor):
+    def __init__(self, executor: Executor, on_cell_end: Callable[[], None] = lambda: None):
         self.executor = executor
+        self.on_cell_end = on_cell_end  # e.g. rewrite the table, so that it shows progress
         self.print_lock = threading.Lock()
         self.stopping = threading.Event()
 
@@ -458,7 +459,9 @@ class Runner:
             return  # stopped, not failed: the same command goes on with it
         where = f" on {state['node']}" if "node" in state else ""
         error = f" ({state['error']})" if state.get("error") else ""
-        self.say(f"{cell.name}: {state['status']}{where}{error}")
+        with self.print_lock:
+            self.on_cell_end()
+            print(f"{cell.name}: {state['status']}{where}{error}", flush=True)
 
     def run(self, cells: list[Cell]) -> None:
         pool = concurrent.futures.ThreadPoolExecutor(self.executor.parallel)
@@ -589,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         with executor_for(study, args, len(cells)) as executor:
             write_table(study, cells)  # the folder says what it holds from the start
             print(f"Study {study.name}: {len(cells)} cells, {executor.where}, in {study.folder}")
-            Runner(executor).run(cells)
+            Runner(executor, lambda: write_table(study, cells)).run(cells)
     except StudyError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
