@@ -267,3 +267,18 @@ def test_a_node_sees_a_shared_study_folder_by_its_token(tmp_path):
     assert worker.sees(str(study.folder), token)
     assert not worker.sees(str(study.folder), "another study's token")
     assert not worker.sees(str(tmp_path / "elsewhere"), token)
+
+
+def test_an_axis_of_named_flag_sets_gives_each_cell_all_of_its_flags(tmp_path):
+    from torchbeast.study import StudyError, read_study
+
+    axes = 'reward = [{ name = "score" }, { name = "centre", move_penalty = -1.0, seed = 4 }]'
+    study = read_study(write_study(tmp_path, axes))
+    score, centre = study.cells()
+    assert (score.name, centre.name) == ("reward-score", "reward-centre")
+    assert "move_penalty" not in score.flags()  # no proxy flag at all: the game score
+    assert centre.flags()["move_penalty"] == -1.0 and centre.flags()["seed"] == 4
+    assert centre.labels == {"reward": "centre"}
+    unnamed = write_study(tmp_path, "reward = [{ move_penalty = -1.0 }]", name="unnamed")
+    with pytest.raises(StudyError, match="a set of flags needs a name"):
+        read_study(unnamed)
