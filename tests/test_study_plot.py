@@ -72,3 +72,14 @@ def test_asking_for_an_axis_the_study_lacks_is_one_line(tmp_path, capsys):
 def test_a_folder_without_a_study_is_one_line(tmp_path):
     with pytest.raises(StudyError, match="run the study first"):
         study_plot.load_study(str(tmp_path))
+
+
+def test_the_game_score_of_cells_without_a_proxy_is_their_true_return(tmp_path):
+    score = {"cell": "reward-score", "status": "finished", "eval_return": 2000.0}
+    score |= {"eval_return_std": 5.0, "random_return": 1600.0}
+    proxy = row(64, 5.0, 1, 1750.0)
+    write_study_folder(tmp_path, [score, proxy])
+    _, _, cells = study_plot.load_study(str(tmp_path))
+    assert cells[0]["eval_true_return"] == 2000.0 and "eval_return" not in cells[0]
+    assert cells[0]["random_true_return"] == 1600.0
+    assert study_plot.returns_measured(cells) == ["true_return", "proxy_return"]

@@ -52,7 +52,24 @@ def load_study(path: str) -> tuple[Path, dict, list[dict]]:
     study = spec["study"]
     # Named sets of flags as the table shows them: by their names.
     study["axes"] = {axis: [label(v) for v in values] for axis, values in study["axes"].items()}
-    return folder, study, spec["cells"]
+    return folder, study, with_true_returns(spec["cells"])
+
+
+def with_true_returns(rows: list[dict]) -> list[dict]:
+    """Where some cells trained on a proxy (their evaluation measured a ``true_return``),
+    the others' ``return``, the env's own reward, is their true return: named so, the
+    cells of every reward setting share one figure (the game score beside its proxies)."""
+    if not any("eval_true_return" in row for row in rows):
+        return rows
+    renamed = []
+    for row in rows:
+        row = dict(row)
+        for prefix in ("eval_", "random_"):
+            if f"{prefix}return" in row and f"{prefix}true_return" not in row:
+                for suffix in ("", "_std"):
+                    row[f"{prefix}true_return{suffix}"] = row.pop(f"{prefix}return{suffix}", None)
+        renamed.append(row)
+    return renamed
 
 
 def returns_measured(rows: list[dict]) -> list[str]:
