@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from torchbeast.curves import read_logs, return_last_100_curve
 from torchbeast.study import SPEC_NAME, StudyError, label, read_study
@@ -135,6 +136,7 @@ def capacity_figure(study: dict, rows: list[dict], capacity: list[str], out: Pat
             if random:
                 ax.axhline(np.mean(random), color=colour, linestyle="--", linewidth=1)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # labels at powers of ten only
         ax.set_xlabel("parameters")
         ax.set_ylabel("evaluation return (dashed: random policy)")
         ax.set_title(panel_title(panel), fontsize=9)
