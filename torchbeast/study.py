@@ -183,6 +183,12 @@ def read_state(folder: Path) -> dict:
         return {}
 
 
+def write_state(folder: Path, state: dict) -> None:
+    """Records how the cell in ``folder`` ended (``CELL_STATE``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CELL_STATE).write_text(json.dumps(state, indent=2) + "\n")
+
+
 @dataclasses.dataclass(frozen=True)
 class CellJob:
     """Running one cell, as plain data (it travels to a Ray node): the cell's folder is
@@ -270,7 +276,7 @@ def train_and_evaluate(
     else:
         status, error = "failed", last
     state = {"status": status, "error": error, "seconds": round(seconds, 1), **(where or {})}
-    (job.folder / CELL_STATE).write_text(json.dumps(state, indent=2) + "\n")
+    write_state(job.folder, state)
     return None if status == "stopped" else state
 
 
@@ -578,6 +584,7 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, raise_interrupt)  # a scheduler's stop, as Ctrl-C's
+    cells: list[Cell] = []  # once the study's folder is claimed
     try:
         study = read_study(args.study)
         if args.parallel is not None and args.ray_address is not None:
@@ -597,9 +604,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        if "cells" not in locals():
-            return 130
-        write_table(study, cells)
+        if cells:
+            write_table(study, cells)
         print("stopped: run the same command to go on; finished cells are kept", file=sys.stderr)
         return 130
     rows = write_table(study, cells)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import json
 import logging
 import os
 import shutil
@@ -43,7 +42,6 @@ from pathlib import Path
 from torchbeast.runtime.ray.prepare import prepare_ray_environment
 from torchbeast.runtime.training import TrainingError
 from torchbeast.study import (
-    CELL_STATE,
     Cell,
     CellJob,
     CellProcess,
@@ -51,6 +49,7 @@ from torchbeast.study import (
     StudyError,
     read_state,
     train_and_evaluate,
+    write_state,
 )
 
 TOKEN_NAME = ".study_token"  # in the study's folder: how a node tells it sees the folder
@@ -175,11 +174,9 @@ class ClusterCells:
             self.placing.add(worker)
         job = cell.job()
         try:
-            # Waits until Ray has placed the cell on a node with its resources free.
-            shared = self.files == "shared" or (
-                self.files == "auto" and ray.get(worker.sees.remote(job.savedir, self.token))
-            )
-            if self.files == "shared" and not ray.get(worker.sees.remote(job.savedir, self.token)):
+            # Returns once Ray has placed the cell on a node with its resources free.
+            sees = ray.get(worker.sees.remote(job.savedir, self.token))
+            if self.files == "shared" and not sees:
                 where = ray.get(worker.where.remote())
                 return self.record(
                     cell,
@@ -187,7 +184,7 @@ class ClusterCells:
                     f"node {where['node']} does not see the study's folder {job.savedir}: "
                     "mount it there at the same path, or use --files copy",
                 )
-            archive = None if shared else pack(cell.folder)
+            archive = None if sees and self.files != "copy" else pack(cell.folder)
             with self.lock:
                 if self.stopping:
                     return None
@@ -217,8 +214,7 @@ class ClusterCells:
     def record(self, cell: Cell, where: dict[str, str], error: str) -> dict:
         """Records a cell that failed around its run, in the study's own folder."""
         state = {**read_state(cell.folder), "status": "failed", "error": error, **where}
-        cell.folder.mkdir(parents=True, exist_ok=True)
-        (cell.folder / CELL_STATE).write_text(json.dumps(state, indent=2) + "\n")
+        write_state(cell.folder, state)
         return state
 
     def stop(self) -> None:
@@ -246,7 +242,7 @@ def cluster_cells(study: Study, address: str, files: str, cells: int) -> Iterato
         prepare_ray_environment(address)
     except TrainingError as error:
         raise StudyError(str(error)) from None
-    import ray
+    import ray  # here and in methods: only after prepare_ray_environment, as Ray reads it
 
     handler = signal.getsignal(signal.SIGTERM)
     try:

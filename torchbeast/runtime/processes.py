@@ -10,15 +10,6 @@ import signal
 from collections.abc import Callable
 
 
-def die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies (belt and braces)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def child_dies_with_parent() -> Callable[[], None] | None:
     """A ``preexec_fn`` for ``subprocess.Popen``: the child dies with the thread that
     starts it (PR_SET_PDEATHSIG), or None where Linux's prctl is not at hand. libc is
@@ -27,7 +18,14 @@ def child_dies_with_parent() -> Callable[[], None] | None:
         prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except OSError:
         return None
-    return lambda: prctl(1, signal.SIGKILL)
+    return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies (belt and braces)."""
+    guard = child_dies_with_parent()
+    if guard is not None:
+        guard()
 
 
 def guarded_main(parent_pid: int, target: str, *args: object) -> None:
