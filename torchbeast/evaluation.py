@@ -21,6 +21,7 @@ from torchbeast import envs, video
 from torchbeast.config.settings import Settings
 from torchbeast.core import checkpoint
 from torchbeast.core.models import Agent, create_model, model_config
+from torchbeast.core.precision import compute_dtype
 from torchbeast.core.settings import ModelSettings
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs.family import family_of
@@ -172,7 +173,10 @@ def policy(settings: Settings, trained: Trained, spec: EnvSpec) -> Agent | Rando
     if settings.run.random_policy:
         return RandomPolicy(spec.num_actions, trained.env.seed)
     config = checkpoint_model_config(settings.model, trained, spec.observation_shape)
-    model = create_model(config, spec.observation_shape, spec.num_actions)
+    dtype = compute_dtype(settings.model.precision, "cpu", config["kind"])
+    model = create_model(
+        config, spec.observation_shape, spec.num_actions, compute_dtype=dtype, inference_only=True
+    )
     model.load_state_dict(trained.state["model_state_dict"])
     model.eval()  # greedy actions
     return model

@@ -134,9 +134,19 @@ class MLPTorso(nn.Module):
 class Agent(nn.Module):
     """Torso + core (optional LSTM) + policy and baseline heads."""
 
-    def __init__(self, torso: nn.Module, num_actions: int, use_lstm: bool, lstm_layers: int = 2):
+    def __init__(
+        self,
+        torso: nn.Module,
+        num_actions: int,
+        use_lstm: bool,
+        lstm_layers: int = 2,
+        compute_dtype: torch.dtype = torch.float32,
+    ):
+        """``compute_dtype``: what the torso computes in (``core.precision``); the weights,
+        the core and the heads are fp32 whatever it is."""
         super().__init__()
         self.torso = torso
+        self.compute_dtype = compute_dtype
         self.num_actions = num_actions
         self.use_lstm = use_lstm
         # The core sees the embedding, the clipped reward and the one-hot last action.
@@ -170,7 +180,9 @@ class Agent(nn.Module):
             x = x.float().div_(255.0)
         else:
             x = x.float()
-        features = self.torso(x)  # [T*B, H]
+        lower = self.compute_dtype != torch.float32
+        with torch.autocast(x.device.type, dtype=self.compute_dtype, enabled=lower):
+            features = self.torso(x).float()  # [T*B, H]
 
         one_hot_last_action = F.one_hot(inputs["last_action"].flatten(0, 1), self.num_actions)
         clipped_reward = torch.clamp(inputs["reward"], -1, 1).reshape(T * B, 1)
@@ -274,17 +286,27 @@ def create_model(
     observation_shape: Sequence[int],
     num_actions: int,
     weight_init: str = "pytorch",
+    compute_dtype: torch.dtype = torch.float32,
+    inference_only: bool = False,
 ) -> Agent:
     """The agent of ``config``; ``weight_init`` (see WEIGHT_INITS) matters only for a model
-    that is trained from scratch, since every other copy loads its weights."""
+    that is trained from scratch, since every other copy loads its weights;
+    ``compute_dtype``: what its torso computes in (``core.precision.compute_dtype``).
+
+    ``inference_only``: a copy that only acts (an actor's, an inference server's, a played
+    checkpoint's) keeps its torso's weights in ``compute_dtype`` itself, so that they are
+    cast when they are loaded, not at every forward pass (which cost bf16 actors a third
+    of their inference time)."""
     torso = TORSOS[config["kind"]](observation_shape, config["hidden_size"], config["num_layers"])
-    model = Agent(torso, num_actions, use_lstm=config["use_lstm"])
+    model = Agent(torso, num_actions, use_lstm=config["use_lstm"], compute_dtype=compute_dtype)
     if weight_init == "orthogonal":
         orthogonal_init(model)
     elif weight_init != "pytorch":
         raise ValueError(f"unknown weight init {weight_init!r}: use one of {WEIGHT_INITS}")
     if config["kind"] != "mlp":
         model = model.to(memory_format=torch.channels_last)  # faster convolutions on CPU
+    if inference_only:
+        model.torso.to(compute_dtype)
     return model
 
 

@@ -17,6 +17,7 @@ import torch
 from torchbeast import envs
 from torchbeast.core import rollout
 from torchbeast.core.models import create_model
+from torchbeast.core.precision import compute_dtype
 from torchbeast.core.spec import EnvSpec
 
 if TYPE_CHECKING:
@@ -72,7 +73,14 @@ class Unroller:
         self.env_keys = rollout.env_keys(env_spec)  # with the env's episode extras
         num_envs = settings.actors.envs_per_actor
         self.env = envs.create_env(settings.env, num_envs=num_envs, num_threads=1)
-        self.model = create_model(config, env_spec.observation_shape, env_spec.num_actions)
+        dtype = compute_dtype(settings.model.precision, "cpu", config["kind"])
+        self.model = create_model(
+            config,
+            env_spec.observation_shape,
+            env_spec.num_actions,
+            compute_dtype=dtype,
+            inference_only=True,
+        )
         self.model.train()  # sample actions
         self.policy: Policy = policy or self.model
         self.env_output = as_tensors(self.env.reset(seed=seed))

@@ -19,24 +19,35 @@ def omp_thread_limit() -> int | None:
     return int(value) if value.isdigit() and int(value) >= 1 else None
 
 
-def threads_per_op(cores: int, concurrent_ops: int) -> int:
-    """Threads each op of the learner process may use: the cores, shared by the threads
-    that run ops at the same time (updates, which are serialised, count once; PolyBeast's
-    inference threads each count). At least 1.
+# Niceness of MonoBeast's actor processes: the learner process, the stage that bounds the
+# recipe wherever it computes on the CPU, runs first when it has work and the actors take
+# the cores it leaves (2 cores, bf16: 569-593 SPS with equal priority, 691-735 with the
+# actors at 5-10).
+ACTOR_NICENESS = 10
 
-    The learner's update is the one stage that cannot be spread over processes, so it gets
-    every core it can use: on 2 cores, one thread per op left the learner the bottleneck at
-    268 SPS where two ran 300. Threads waiting for work sleep (``OMP_WAIT_POLICY``, set in
+
+def threads_per_op(cores: int, concurrent_ops: int, bf16: bool = False) -> int:
+    """Threads each op of the learner process may use: its share of the cores, divided
+    among the threads that run ops at the same time (updates, which are serialised, count
+    once; PolyBeast's inference threads each count). At least 1.
+
+    The learner's update is the one stage that cannot be spread over processes, so in fp32
+    it gets every core: on 2 cores, one thread per op left the learner the bottleneck at
+    268 SPS where two ran 300. A bf16 torso's kernels are short enough that a second
+    thread costs more than it gives (2 cores: 691-714 SPS with one thread per op, 636-652
+    with two), so in bf16 the learner takes half the cores, the half the default layout
+    leaves it. Threads waiting for work sleep (``OMP_WAIT_POLICY``, set in
     ``torchbeast/__init__.py``), so the actors get the cores back between ops."""
-    return max(1, cores // max(1, concurrent_ops))
+    share = max(1, cores // 2) if bf16 else cores
+    return max(1, share // max(1, concurrent_ops))
 
 
-def limit_learner_threads(concurrent_ops: int) -> str:
+def limit_learner_threads(concurrent_ops: int, bf16: bool = False) -> str:
     """Sets the learner process's threads per op (see ``threads_per_op``); returns a line
     for the run's log that says how many and why."""
     cores = machine_cores()
     limit = omp_thread_limit()
-    threads = threads_per_op(min(cores, limit or cores), concurrent_ops)
+    threads = threads_per_op(min(cores, limit or cores), concurrent_ops, bf16)
     torch.set_num_threads(threads)
     limited = f", of them {limit} by OMP_NUM_THREADS" if limit and limit < cores else ""
     return (

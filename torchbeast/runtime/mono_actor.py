@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import multiprocessing.connection
+import os
 import signal
 import time
 import traceback
@@ -16,6 +17,7 @@ from torch import nn
 from torchbeast.config.settings import Settings
 from torchbeast.core import weights
 from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime import layout
 from torchbeast.runtime.acting import Unroller, actor_seed
 from torchbeast.runtime.mono_inference import InferenceSlots, RemotePolicy
 from torchbeast.runtime.processes import die_with_parent
@@ -90,6 +92,7 @@ def actor_process(
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked while it started
     die_with_parent()
     torch.set_num_threads(1)
+    os.nice(layout.ACTOR_NICENESS)  # the learner first (see layout.ACTOR_NICENESS)
     try:
         run_actor(actor_index, incarnation, shared, conn, inference_conn)
     except (EOFError, BrokenPipeError):

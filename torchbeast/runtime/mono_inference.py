@@ -97,7 +97,14 @@ class InferenceServer:
         fail: Callable[[str], None],
     ):
         self.device = next(model.parameters()).device
-        self.model = create_model(config, env_spec.observation_shape, env_spec.num_actions)
+        # The learner's device, so the learner's precision.
+        self.model = create_model(
+            config,
+            env_spec.observation_shape,
+            env_spec.num_actions,
+            compute_dtype=model.compute_dtype,
+            inference_only=True,
+        )
         self.model.to(self.device).train()  # samples actions, as an actor's copy does
         self.slots = slots
         self.fail = fail

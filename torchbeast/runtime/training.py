@@ -29,6 +29,7 @@ from torchbeast.core.errors import RunFolderError, UserError
 from torchbeast.core.filewriter import FileWriter
 from torchbeast.core.learner import Learner, NonFiniteLossError
 from torchbeast.core.models import count_parameters, create_model, model_config
+from torchbeast.core.precision import compute_dtype, describe
 from torchbeast.core.replay import Replay
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
@@ -62,17 +63,25 @@ class Trainer:
         self.total_steps = settings.learner.total_steps
         self.env_spec = env_spec
         self.config = model_config(settings.model, self.env_spec.observation_shape)
-        # Before any thread of this process runs an op.
-        self.threads_line = limit_learner_threads(self.concurrent_ops())
         use_cuda = torch.cuda.is_available() and not run.disable_cuda
         self.device = torch.device("cuda" if use_cuda else "cpu")
+        precision, torso = settings.model.precision, self.config["kind"]
+        dtype = compute_dtype(precision, self.device, torso)
+        # Before any thread of this process runs an op.
+        bf16_on_cpu = dtype == torch.bfloat16 and self.device.type == "cpu"
+        self.threads_line = limit_learner_threads(self.concurrent_ops(), bf16_on_cpu)
         if settings.env.seed is not None:
             torch.manual_seed(settings.env.seed)
+        self.precision_lines = [describe(precision, dtype, self.device, torso)]
+        if self.device.type != "cpu":  # the actors' copies run on the CPU
+            actor_dtype = compute_dtype(precision, "cpu", torso)
+            self.precision_lines.append(describe(precision, actor_dtype, "cpu", torso))
         model = create_model(
             self.config,
             self.env_spec.observation_shape,
             self.env_spec.num_actions,
             weight_init=settings.model.weight_init,
+            compute_dtype=dtype,
         )
         self.learner = Learner(
             settings.learner,
@@ -230,6 +239,8 @@ class Trainer:
         source = self.settings.actors.layout_source
         log.info("Layout: %s%s.", self.actor_layout(), f" ({source})" if source else "")
         log.info("%s", self.threads_line)
+        for line in self.precision_lines:
+            log.info("%s", line)
         seed, drawn = self.settings.env.seed, dict(run.sources).get("seed") == "derived"
         if seed is not None:
             log.info("Seed: %d%s.", seed, f" (drawn; --seed {seed} repeats it)" if drawn else "")

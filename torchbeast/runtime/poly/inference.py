@@ -23,7 +23,14 @@ class StreamInference:
 
     def __init__(self, model: nn.Module, config: dict, spec: EnvSpec, poly: PolySettings):
         self.device = next(model.parameters()).device
-        inference_model = create_model(config, spec.observation_shape, spec.num_actions)
+        # The learner's device, so the learner's precision.
+        inference_model = create_model(
+            config,
+            spec.observation_shape,
+            spec.num_actions,
+            compute_dtype=model.compute_dtype,
+            inference_only=True,
+        )
         copy_weights(inference_model, model)
         self.model = inference_model.to(self.device)
         self.lock = threading.Lock()
