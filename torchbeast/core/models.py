@@ -174,13 +174,14 @@ class Agent(nn.Module):
         frame = inputs["frame"]  # [T, B, *obs_shape]
         T, B = frame.shape[:2]
         x = frame.flatten(0, 1)
+        lower = self.compute_dtype != torch.float32
         if x.dtype == torch.uint8:
             if x.dim() == 4:  # the conv torsos' layout, made while a pixel is one byte
                 x = x.contiguous(memory_format=torch.channels_last)
-            x = x.float().div_(255.0)
+            # Straight to the dtype the torso computes in: no fp32 copy of the pixels.
+            x = x.to(self.compute_dtype).div_(255.0)
         else:
             x = x.float()
-        lower = self.compute_dtype != torch.float32
         with torch.autocast(x.device.type, dtype=self.compute_dtype, enabled=lower):
             features = self.torso(x).float()  # [T*B, H]
 
