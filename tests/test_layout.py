@@ -1,18 +1,27 @@
 """How a run spreads over the machine: the actor layout it chooses, the learner's threads
-per op, and the log lines that say both."""
+per op, the actors' lower priority, and the log lines that say them."""
 
 from __future__ import annotations
 
+import math
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
+import torch
 
-from tests.test_monobeast import monobeast
+from tests.test_monobeast import (
+    actor_pids,
+    monobeast,
+    read_rows,
+    start_monobeast,
+    wait_for_rows,
+)
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.resolvers import default_layout
-from torchbeast.runtime.layout import threads_per_op
+from torchbeast.runtime.layout import ACTOR_NICENESS, threads_per_op
 
 
 @pytest.mark.parametrize(
@@ -42,6 +51,32 @@ def test_learner_ops_share_the_cores_between_threads_running_ops_at_once(
     assert threads_per_op(cores, concurrent) == threads
 
 
+@pytest.mark.parametrize(
+    "cores, concurrent, threads", [(1, 1, 1), (2, 1, 1), (4, 1, 2), (16, 1, 8), (16, 2, 4)]
+)
+def test_a_bf16_learner_takes_half_the_cores(cores, concurrent, threads):
+    assert threads_per_op(cores, concurrent, bf16=True) == threads
+
+
+def niceness(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19 of stat: nice
+
+
+def test_actors_run_niced_so_the_learner_goes_first(tmp_path):
+    args = ["--env", "CartPole-v1", "--total_steps", "10000000", "--xpid", "run", "--disable_cuda"]
+    process = start_monobeast(tmp_path, *args)
+    try:
+        wait_for_rows(tmp_path / "run" / "logs.csv", 2)
+        actors = actor_pids(process.pid)
+        assert len(actors) == default_layout(len(os.sched_getaffinity(0)))[0]
+        learner = niceness(process.pid)
+        assert [niceness(pid) for pid in actors] == [learner + ACTOR_NICENESS] * len(actors)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+
+
 def test_idle_openmp_threads_sleep_in_every_process_of_a_run():
     # Set by the package before PyTorch loads OpenMP; children inherit it.
     code = "import torchbeast, torch, os; print(os.environ['OMP_WAIT_POLICY'])"
@@ -67,6 +102,22 @@ def test_a_run_says_which_layout_and_threads_it_chose(tmp_path):
     assert f"Layout: {actors} actors x {envs} envs (chosen for {cores} cores)." in out_log
     threads = threads_per_op(cores, 1)
     assert f"PyTorch uses {threads} thread(s) per op in the learner process" in out_log
+
+
+def test_a_bf16_run_says_so_and_saves_fp32_weights(tmp_path):
+    args = ["--env", "PongNoFrameskip-v4", "--precision", "bf16", "--xpid", "run"]
+    small = ["--num_actors", "1", "--envs_per_actor", "2", "--batch_size", "2"]
+    result = monobeast(tmp_path, *args, *small, "--total_steps", "200", "--disable_cuda")
+    assert result.returncode == 0, result.stderr
+    out_log = (tmp_path / "run" / "out.log").read_text()
+    assert "The torso computes in bf16 on the CPU (--precision bf16)." in out_log
+    threads = threads_per_op(len(os.sched_getaffinity(0)), 1, bf16=True)
+    assert f"PyTorch uses {threads} thread(s) per op in the learner process" in out_log
+    state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)
+    dtypes = {value.dtype for value in state["model_state_dict"].values()}
+    assert dtypes == {torch.float32}  # a checkpoint plays and resumes in any precision
+    rows = read_rows(tmp_path / "run" / "logs.csv")
+    assert rows and all(math.isfinite(float(row["total_loss"])) for row in rows)
 
 
 def test_omp_num_threads_bounds_the_learners_threads(monkeypatch):
