@@ -60,6 +60,7 @@ def test_bench_writes_its_figures_as_json(tmp_path):
     assert f"{figures['sps']:.1f}" == printed.group(1)
     assert set(figures["stages"]) == {"env", "inference", "actor other", "learner process"}
     assert figures["layout"] == "2 actors x 8 envs" and figures["device"] == "cpu"
+    assert figures["torso_dtype"] == "fp32"  # CartPole's MLP torso: fp32 under --precision auto
     assert figures["gpu_utilization"] is None  # a CPU learner: no GPU figure
     assert figures["bound"] == bound_by(figures)
 

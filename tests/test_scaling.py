@@ -31,6 +31,7 @@ def test_scaling_prints_one_row_per_layout_with_the_training_recipe(tmp_path):
         cells = row.strip("| ").split(" | ")
         assert cells[1] == "cpu" and float(cells[2]) > 0
         assert cells[-1].split()[0] in ("learner", "CPU", "actors")
+        assert cells[-2] == "fp32"  # CartPole's MLP torso: fp32 under --precision auto
     saved = json.loads(path.read_text())
     assert [r["layout"] for r in saved] == ["1 actors x 2 envs", "2 actors x 4 envs"]
     assert all(r["steps"] >= 2000 for r in saved)

@@ -39,6 +39,7 @@ from torchbeast.cli import report_errors
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.parsers import make_bench_parser
 from torchbeast.config.settings import build_settings
+from torchbeast.core.precision import dtype_name
 from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.registry import RUNTIMES
 from torchbeast.runtime.training import Trainer
@@ -181,9 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     if flags.json:
         with open(flags.json, "w") as file:
             learner = {name: getattr(flags, name) for name in LEARNER_SHAPE}
-            layout = dict(layout=trainer.actor_layout(), device=trainer.device.type)
+            layout = dict(
+                layout=trainer.actor_layout(),
+                device=trainer.device.type,
+                torso_dtype=torso_dtype(trainer),
+            )
             json.dump({**result, **layout, "learner": learner}, file)
     return 0
+
+
+def torso_dtype(trainer: Trainer) -> str:
+    """What the learner's torso computes in (``--precision``), "bf16" or "fp32"."""
+    return dtype_name(trainer.learner.model.compute_dtype)
 
 
 def epochs_text(flags: argparse.Namespace) -> str:
@@ -202,7 +212,8 @@ def print_result(flags: argparse.Namespace, trainer: Trainer, result: dict) -> N
     print(
         f"{name} benchmark: {flags.env}, {trainer.config['kind']} model, "
         f"B={flags.batch_size}, T={flags.unroll_length}, {epochs_text(flags)}, {layout}, "
-        f"{flags.num_learner_threads} learner threads, learner on {trainer.device}, "
+        f"{flags.num_learner_threads} learner threads, learner on {trainer.device} "
+        f"(torso in {torso_dtype(trainer)}), "
         f"{cores} cores, torch {torch.__version__}"
     )
     print(

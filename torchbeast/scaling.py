@@ -120,7 +120,7 @@ def format_row(row: dict) -> str:
     gpu_text = "-" if gpu is None else f"{gpu:.0f}%"
     return (
         f"| {layout} | {row['device']} | {row['sps']:.0f} | {stages} | "
-        f"{100 * row['learner_busy']:.0f}% | {gpu_text} | {row['bound']} |"
+        f"{100 * row['learner_busy']:.0f}% | {gpu_text} | {row['torso_dtype']} | {row['bound']} |"
     )
 
 
@@ -128,7 +128,7 @@ def header(stage_names: list[str]) -> str:
     names = " / ".join(stage_names) or "stages"
     return (
         f"| actors x envs | learner on | SPS | CPU ms per agent step: {names} | "
-        "learner busy | GPU busy | bound by |\n|---|---|---|---|---|---|---|"
+        "learner busy | GPU busy | torso in | bound by |\n|---|---|---|---|---|---|---|---|"
     )
 
 

@@ -52,9 +52,14 @@ def compute_dtype(precision: str, device: torch.device | str, torso: str) -> tor
     return torch.float32
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """ "bf16" or "fp32", as ``--precision`` names them."""
+    return "bf16" if dtype == torch.bfloat16 else "fp32"
+
+
 def describe(precision: str, dtype: torch.dtype, device: torch.device | str, torso: str) -> str:
     """A line for the run's log: the torso's dtype on ``device`` and why."""
-    name = "bf16" if dtype == torch.bfloat16 else "fp32"
+    name = dtype_name(dtype)
     where = torch.device(device).type.upper()
     if precision != "auto":
         why = f"--precision {precision}"
