@@ -110,7 +110,7 @@ def test_a_bf16_run_says_so_and_saves_fp32_weights(tmp_path):
     result = monobeast(tmp_path, *args, *small, "--total_steps", "200", "--disable_cuda")
     assert result.returncode == 0, result.stderr
     out_log = (tmp_path / "run" / "out.log").read_text()
-    assert "The torso computes in bf16 on the CPU (--precision bf16)." in out_log
+    assert "The torso computes in bf16 on the CPU (--precision bf16" in out_log
     threads = threads_per_op(len(os.sched_getaffinity(0)), 1, bf16=True)
     assert f"PyTorch uses {threads} thread(s) per op in the learner process" in out_log
     state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)

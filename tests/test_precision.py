@@ -50,6 +50,11 @@ def test_the_log_line_says_the_dtype_and_why(monkeypatch):
     assert line == "The torso computes in fp32 on the CPU (--precision fp32)."
     line = precision.describe("auto", torch.float32, "cuda", "atari")
     assert "fp32 on the CUDA" in line and "--precision bf16 asks for it" in line
+    monkeypatch.setattr(precision, "cpu_computes_bf16", lambda: False)
+    line = precision.describe("bf16", torch.bfloat16, "cpu", "atari")
+    assert "(--precision bf16; this CPU has no native bf16, so it is emulated" in line
+    line = precision.describe("auto", torch.float32, "cpu", "atari")
+    assert line == "The torso computes in fp32 on the CPU (auto: this CPU has no native bf16)."
 
 
 def test_the_cpu_check_reads_the_cpus_flags():

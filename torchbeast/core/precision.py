@@ -63,6 +63,8 @@ def describe(precision: str, dtype: torch.dtype, device: torch.device | str, tor
     where = torch.device(device).type.upper()
     if precision != "auto":
         why = f"--precision {precision}"
+        if name == "bf16" and where == "CPU" and not cpu_computes_bf16():
+            why += "; this CPU has no native bf16, so it is emulated, likely slower than fp32"
     elif torso not in CONV_TORSOS:
         why = f"auto: the {torso} torso gains little from bf16"
     elif where != "CPU":
