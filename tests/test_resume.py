@@ -67,6 +67,14 @@ def test_a_killed_run_resumes_with_the_figures_of_its_last_checkpoint(tmp_path):
             60,
             "a checkpoint with a replay",
         )
+
+        def learned_since_checkpoint() -> bool:
+            saved = lines_with(out_log, "Saving checkpoint to")[-1]
+            step = int(re.search(r"\(step (\d+),", saved).group(1))
+            return int(read_rows(out_log.parent / "logs.csv")[-1]["step"]) > step
+
+        # A loaded machine may take a while to the next update.
+        wait_for(learned_since_checkpoint, 60, "an update after the checkpoint")
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # no handler runs: what is on disk is all
         first.wait(timeout=30)
