@@ -63,15 +63,22 @@ def niceness(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19 of stat: nice
 
 
-def test_actors_run_niced_so_the_learner_goes_first(tmp_path):
-    args = ["--env", "CartPole-v1", "--total_steps", "10000000", "--xpid", "run", "--disable_cuda"]
-    process = start_monobeast(tmp_path, *args)
+@pytest.mark.parametrize(
+    "run, lower",
+    [
+        (["--env", "CartPole-v1"], 0),  # fp32: the priority the defaults learned with
+        (["--env", "PongNoFrameskip-v4", "--precision", "bf16"], ACTOR_NICENESS),
+    ],
+)
+def test_actors_run_niced_beside_a_bf16_learner_so_that_it_goes_first(tmp_path, run, lower):
+    args = [*run, "--total_steps", "10000000", "--xpid", "run", "--disable_cuda"]
+    process = start_monobeast(tmp_path, *args, "--batch_size", "2")
     try:
-        wait_for_rows(tmp_path / "run" / "logs.csv", 2)
+        wait_for_rows(tmp_path / "run" / "logs.csv", 2, timeout=120)
         actors = actor_pids(process.pid)
         assert len(actors) == default_layout(len(os.sched_getaffinity(0)))[0]
         learner = niceness(process.pid)
-        assert [niceness(pid) for pid in actors] == [learner + ACTOR_NICENESS] * len(actors)
+        assert [niceness(pid) for pid in actors] == [min(19, learner + lower)] * len(actors)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)

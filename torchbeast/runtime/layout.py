@@ -19,11 +19,17 @@ def omp_thread_limit() -> int | None:
     return int(value) if value.isdigit() and int(value) >= 1 else None
 
 
-# Niceness of MonoBeast's actor processes: the learner process, the stage that bounds the
-# recipe wherever it computes on the CPU, runs first when it has work and the actors take
-# the cores it leaves (2 cores, bf16: 569-593 SPS with equal priority, 691-735 with the
-# actors at 5-10).
+# Niceness of MonoBeast's actor processes beside a bf16 learner on the CPU: the learner, the
+# stage that bounds the recipe, runs first when it has work and the actors take the cores it
+# leaves (2 cores, bf16: 569-593 SPS with equal priority, 691-735 with the actors at 5-10).
+# Beside an fp32 learner it bought nothing measurable (500-507 SPS at equal priority,
+# 507-533 niced) and changes the policy lag that the defaults' Pong runs learned with.
 ACTOR_NICENESS = 10
+
+
+def actor_niceness(bf16_learner_on_cpu: bool) -> int:
+    """How much lower the actors' priority is than the learner's (see ACTOR_NICENESS)."""
+    return ACTOR_NICENESS if bf16_learner_on_cpu else 0
 
 
 def threads_per_op(cores: int, concurrent_ops: int, bf16: bool = False) -> int:

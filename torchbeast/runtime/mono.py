@@ -37,6 +37,7 @@ from torchbeast.config.settings import Settings
 from torchbeast.core import rollout
 from torchbeast.core.models import create_model
 from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime.layout import actor_niceness
 from torchbeast.runtime.mono_actor import ActorShared, SharedWeights, actor_process
 from torchbeast.runtime.mono_inference import InferenceServer, InferenceSlots
 from torchbeast.runtime.pool import Pool, actor_stage_totals
@@ -94,6 +95,10 @@ class ActorPool(Pool):
             ),
             weights=weights,
             timings=torch.zeros(num_actors, 4, dtype=torch.float64).share_memory_(),
+            niceness=actor_niceness(
+                learner_model.compute_dtype == torch.bfloat16
+                and next(learner_model.parameters()).device.type == "cpu"
+            ),
         )
         self.server: InferenceServer | None = None
         if settings.runtime.central_inference:

@@ -17,7 +17,6 @@ from torch import nn
 from torchbeast.config.settings import Settings
 from torchbeast.core import weights
 from torchbeast.core.spec import EnvSpec
-from torchbeast.runtime import layout
 from torchbeast.runtime.acting import Unroller, actor_seed
 from torchbeast.runtime.mono_inference import InferenceSlots, RemotePolicy
 from torchbeast.runtime.processes import die_with_parent
@@ -75,6 +74,7 @@ class ActorShared:
     weights: SharedWeights
     timings: torch.Tensor  # [num_actors, 4]: env, inference, all CPU seconds; steps
     inference: InferenceSlots | None = None  # with --central_inference
+    niceness: int = 0  # added to the actors' niceness (layout.actor_niceness)
 
 
 def actor_process(
@@ -92,7 +92,7 @@ def actor_process(
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked while it started
     die_with_parent()
     torch.set_num_threads(1)
-    os.nice(layout.ACTOR_NICENESS)  # the learner first (see layout.ACTOR_NICENESS)
+    os.nice(shared.niceness)  # the learner first, where that pays (layout.actor_niceness)
     try:
         run_actor(actor_index, incarnation, shared, conn, inference_conn)
     except (EOFError, BrokenPipeError):
