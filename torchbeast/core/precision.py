@@ -52,6 +52,12 @@ def compute_dtype(precision: str, device: torch.device | str, torso: str) -> tor
     return torch.float32
 
 
+def bf16_on_cpu(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether a learner computes its torso in bf16 on the CPU: where the run shares the
+    cores differently (``runtime.layout``)."""
+    return dtype == torch.bfloat16 and torch.device(device).type == "cpu"
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """ "bf16" or "fp32", as ``--precision`` names them."""
     return "bf16" if dtype == torch.bfloat16 else "fp32"

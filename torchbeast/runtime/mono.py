@@ -36,6 +36,7 @@ from torchbeast import envs
 from torchbeast.config.settings import Settings
 from torchbeast.core import rollout
 from torchbeast.core.models import create_model
+from torchbeast.core.precision import bf16_on_cpu
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.layout import actor_niceness
 from torchbeast.runtime.mono_actor import ActorShared, SharedWeights, actor_process
@@ -96,8 +97,7 @@ class ActorPool(Pool):
             weights=weights,
             timings=torch.zeros(num_actors, 4, dtype=torch.float64).share_memory_(),
             niceness=actor_niceness(
-                learner_model.compute_dtype == torch.bfloat16
-                and next(learner_model.parameters()).device.type == "cpu"
+                bf16_on_cpu(learner_model.compute_dtype, next(learner_model.parameters()).device)
             ),
         )
         self.server: InferenceServer | None = None

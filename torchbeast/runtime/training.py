@@ -29,7 +29,7 @@ from torchbeast.core.errors import RunFolderError, UserError
 from torchbeast.core.filewriter import FileWriter
 from torchbeast.core.learner import Learner, NonFiniteLossError
 from torchbeast.core.models import count_parameters, create_model, model_config
-from torchbeast.core.precision import compute_dtype, describe
+from torchbeast.core.precision import bf16_on_cpu, compute_dtype, describe
 from torchbeast.core.replay import Replay
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
@@ -68,8 +68,9 @@ class Trainer:
         precision, torso = settings.model.precision, self.config["kind"]
         dtype = compute_dtype(precision, self.device, torso)
         # Before any thread of this process runs an op.
-        bf16_on_cpu = dtype == torch.bfloat16 and self.device.type == "cpu"
-        self.threads_line = limit_learner_threads(self.concurrent_ops(), bf16_on_cpu)
+        self.threads_line = limit_learner_threads(
+            self.concurrent_ops(), bf16_on_cpu(dtype, self.device)
+        )
         if settings.env.seed is not None:
             torch.manual_seed(settings.env.seed)
         self.precision_lines = [describe(precision, dtype, self.device, torso)]
