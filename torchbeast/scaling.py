@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --devices cuda, but PyTorch sees no CUDA device: use --devices cpu")
         return 2
     recipe = " ".join(recipe_arguments())
-    print(f"Scaling benchmark on {cores} cores: the training recipe ({recipe}), ", end="")
+    changed = f"; every row with {' '.join(passed)}" if passed else ""
+    print(f"Scaling benchmark on {cores} cores: the training recipe ({recipe}{changed}), ", end="")
     print(f"{flags.bench_steps} steps measured after {flags.warmup_steps}; one run per row.")
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as folder:
