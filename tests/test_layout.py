@@ -19,8 +19,8 @@ from tests.test_monobeast import (
     start_monobeast,
     wait_for_rows,
 )
-from torchbeast.config.flags import parse_flags
-from torchbeast.config.resolvers import default_layout
+from torchbeast.config.flags import parse_flags, parse_flags_and_sources
+from torchbeast.config.resolvers import default_layout, grown_batch
 from torchbeast.runtime.layout import ACTOR_NICENESS, threads_per_op
 
 
@@ -40,6 +40,69 @@ def test_layout_flags_win_over_the_machines_layout():
     cores = len(os.sched_getaffinity(0))
     envs_only = parse_flags(["--envs_per_actor", "2"])
     assert (envs_only.num_actors, envs_only.envs_per_actor) == (default_layout(cores)[0], 2)
+
+
+@pytest.mark.parametrize(
+    "envs, batch, learning_rate",
+    [(1, 16, 0.0007), (16, 16, 0.0007), (24, 16, 0.0007), (32, 32, 0.00099), (48, 48, 0.00121)]
+    + [(64, 64, 0.0014), (120, 64, 0.0014), (1024, 64, 0.0014)],
+)
+def test_the_batch_grows_with_the_envs_up_to_64_and_its_rate_with_the_square_root(
+    envs, batch, learning_rate
+):
+    grown_size, grown_rate = grown_batch(envs)
+    assert grown_size == batch
+    assert grown_rate == learning_rate  # three significant digits
+
+
+@pytest.mark.parametrize("cores, batch", [(2, 16), (4, 16), (8, 32), (16, 64)])
+def test_the_machines_layout_takes_the_batch_grown_with_its_envs(monkeypatch, cores, batch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)))
+    flags, sources = parse_flags_and_sources([])
+    assert flags.batch_size == batch
+    assert flags.learning_rate == pytest.approx(0.0007 * (batch / 16) ** 0.5, rel=0.01)
+    assert sources["batch_size"] == ("derived" if batch > 16 else "default")
+    assert flags.num_buffers >= 2 * batch  # two rollouts per env, as before
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--batch_size", "16"],
+        ["--learning_rate", "0.0007"],
+        ["--unroll_length", "5"],
+        ["--env", "RiverraidNoFrameskip-v4", "--fuel_multiplier", "1", "--move_penalty", "0"],
+    ],
+)
+def test_a_batch_rate_or_unroll_given_anywhere_keeps_the_batch_as_given(monkeypatch, given):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(16)))
+    flags, sources = parse_flags_and_sources(given)
+    preset = sources.get("batch_size") not in ("default", "command line")
+    assert flags.batch_size == (4 if preset else 16)  # the survival proxy's preset: 4
+    assert sources["batch_size"] != "derived" and sources["learning_rate"] != "derived"
+
+
+def test_a_config_file_batch_is_kept_too(monkeypatch, tmp_path):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(16)))
+    config = tmp_path / "run.toml"
+    config.write_text("learning_rate = 0.0005\n")
+    flags = parse_flags(["--config", str(config)])
+    assert (flags.batch_size, flags.learning_rate) == (16, 0.0005)
+
+
+def test_a_run_says_its_batch_grew_with_the_envs(tmp_path):
+    args = ["--env", "CartPole-v1", "--total_steps", "1000", "--xpid", "run", "--disable_cuda"]
+    result = monobeast(tmp_path, *args, "--num_actors", "2", "--envs_per_actor", "16")
+    assert result.returncode == 0, result.stderr
+    out_log = (tmp_path / "run" / "out.log").read_text()
+    assert (
+        "Learner batch: 32 rollouts, learning rate 0.00099, grown with the envs "
+        "(--batch_size and --learning_rate set your own)." in out_log
+    )
+    rows = read_rows(tmp_path / "run" / "logs.csv")
+    assert int(rows[0]["step"]) == 32 * 5  # each update learnt from 32 rollouts of 5 steps
+    decayed = 0.00099 * (1 - 32 * 5 / 1000)  # after one update of --total_steps 1000
+    assert float(rows[0]["learning_rate"]) == pytest.approx(decayed, rel=1e-3)
 
 
 @pytest.mark.parametrize(

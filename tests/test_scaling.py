@@ -29,7 +29,8 @@ def test_scaling_prints_one_row_per_layout_with_the_training_recipe(tmp_path):
     assert [row.split(" | ")[0] for row in rows] == ["| 1 x 2", "| 2 x 4"], result.stdout
     for row in rows:
         cells = row.strip("| ").split(" | ")
-        assert cells[1] == "cpu" and float(cells[2]) > 0
+        assert cells[1] == "16 (0.0007)"  # 2 and 8 envs: the recipe's own batch
+        assert cells[2] == "cpu" and float(cells[3]) > 0
         assert cells[-1].split()[0] in ("learner", "CPU", "actors")
         assert cells[-2] == "fp32"  # CartPole's MLP torso: fp32 under --precision auto
     saved = json.loads(path.read_text())
@@ -40,6 +41,7 @@ def test_scaling_prints_one_row_per_layout_with_the_training_recipe(tmp_path):
     for row in saved:
         for name in ("batch_size", "unroll_length", "epochs", "ppo_clip"):
             assert row["learner"][name] == parser.get_default(name)
+        assert row["learner"]["learning_rate"] == parser.get_default("learning_rate")
 
 
 def test_the_recipe_is_the_training_defaults():
@@ -48,6 +50,15 @@ def test_the_recipe_is_the_training_defaults():
     for name in ("batch_size", "unroll_length", "epochs", "ppo_clip"):
         expected += [f"--{name}", str(parser.get_default(name))]
     assert recipe_arguments() == expected
+
+
+def test_each_row_takes_the_batch_training_grows_with_its_envs_unless_flags_set_it():
+    grown = recipe_arguments(64)
+    assert grown[grown.index("--batch_size") + 1] == "64"
+    assert grown[grown.index("--learning_rate") + 1] == "0.0014"
+    for given in (["--batch_size", "8"], ["--unroll_length=20"], ["--learning_rate", "1e-3"]):
+        kept = recipe_arguments(64, given)
+        assert kept[kept.index("--batch_size") + 1] == "16", given
 
 
 def test_default_layouts_run_up_to_the_cores_and_include_the_machines_own():

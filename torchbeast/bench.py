@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     print_result(flags, trainer, result)
     if flags.json:
         with open(flags.json, "w") as file:
-            learner = {name: getattr(flags, name) for name in LEARNER_SHAPE}
+            learner = {name: getattr(flags, name) for name in (*LEARNER_SHAPE, "learning_rate")}
             layout = dict(
                 layout=trainer.actor_layout(),
                 device=trainer.device.type,

@@ -7,11 +7,12 @@ and devices, as one table.
 
 Each row is one run of ``python -m torchbeast.bench`` in its own process, with the
 training defaults' learner (batch size, unroll length, epochs, PPO clip: what
-``python -m torchbeast.monobeast`` trains with) where the one-step benchmark keeps the
-original's. Any other flag is passed to every run, and wins over those defaults. A row
-gives the layout, the device the learner ran on, SPS, the CPU milliseconds per agent step
-of each stage, how busy the learner and the GPU were, and which stage bounds the run
-(``bench.bound_by``).
+``python -m torchbeast.monobeast`` trains with, the batch and its learning rate grown with
+the row's envs as training grows them) where the one-step benchmark keeps the original's.
+Any other flag is passed to every run, and wins over those defaults. A row gives the
+layout, the learner's batch, the device the learner ran on, SPS, the CPU milliseconds per
+agent step of each stage, how busy the learner and the GPU were, and which stage bounds the
+run (``bench.bound_by``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 
 from torchbeast.bench import LEARNER_SHAPE
 from torchbeast.config.parsers import make_mono_parser
-from torchbeast.config.resolvers import default_layout
+from torchbeast.config.resolvers import default_layout, grown_batch
 from torchbeast.config.values import nonnegative_int, positive_int
 
 # The training recipe's learner, which the one-step benchmark leaves at the original's.
@@ -35,12 +36,18 @@ RECIPE_FLAGS = LEARNER_SHAPE
 ENVS_PER_ACTOR = 8
 
 
-def recipe_arguments() -> list[str]:
-    """The training defaults of RECIPE_FLAGS, as command-line arguments."""
+def recipe_arguments(envs: int | None = None, passed: list[str] = ()) -> list[str]:
+    """The training defaults of RECIPE_FLAGS, as command-line arguments; for ``envs``
+    environments in all, the batch and learning rate training grows with them
+    (``grown_batch``), unless ``passed`` sets the batch, its rate or the unroll length."""
     parser = make_mono_parser()
+    defaults = {name: parser.get_default(name) for name in RECIPE_FLAGS}
+    given = {argument.split("=")[0][2:] for argument in passed if argument.startswith("--")}
+    if envs is not None and not given & {"batch_size", "learning_rate", "unroll_length"}:
+        defaults["batch_size"], defaults["learning_rate"] = grown_batch(envs)
     arguments: list[str] = []
-    for name in RECIPE_FLAGS:
-        arguments += [f"--{name}", str(parser.get_default(name))]
+    for name, value in defaults.items():
+        arguments += [f"--{name}", str(value)]
     return arguments
 
 
@@ -97,7 +104,8 @@ def run_row(
 ) -> dict:
     """One benchmark run in its own process: its figures, or its error."""
     path = os.path.join(folder, f"{actors}x{envs}-{device}.json")
-    command = [sys.executable, "-m", "torchbeast.bench", *recipe_arguments(), *passed]
+    command = [sys.executable, "-m", "torchbeast.bench", *recipe_arguments(actors * envs, passed)]
+    command += passed
     command += ["--num_actors", str(actors), "--envs_per_actor", str(envs), "--json", path]
     command += ["--warmup_steps", str(steps[0]), "--bench_steps", str(steps[1])]
     if device == "cpu":
@@ -114,12 +122,14 @@ def run_row(
 def format_row(row: dict) -> str:
     layout = f"{row['actors']} x {row['envs']}"
     if "error" in row:
-        return f"| {layout} | {row['device']} | failed: {row['error']} |"
+        return f"| {layout} | | {row['device']} | failed: {row['error']} |"
     stages = " / ".join(f"{ms:.3f}" for ms in row["stages"].values())
     gpu = row.get("gpu_utilization")
     gpu_text = "-" if gpu is None else f"{gpu:.0f}%"
+    learner = row["learner"]
     return (
-        f"| {layout} | {row['device']} | {row['sps']:.0f} | {stages} | "
+        f"| {layout} | {learner['batch_size']} ({learner['learning_rate']:g}) | "
+        f"{row['device']} | {row['sps']:.0f} | {stages} | "
         f"{100 * row['learner_busy']:.0f}% | {gpu_text} | {row['torso_dtype']} | {row['bound']} |"
     )
 
@@ -127,8 +137,9 @@ def format_row(row: dict) -> str:
 def header(stage_names: list[str]) -> str:
     names = " / ".join(stage_names) or "stages"
     return (
-        f"| actors x envs | learner on | SPS | CPU ms per agent step: {names} | "
-        "learner busy | GPU busy | torso in | bound by |\n|---|---|---|---|---|---|---|---|"
+        f"| actors x envs | batch (learning rate) | learner on | SPS | CPU ms per agent step: "
+        f"{names} | learner busy | GPU busy | torso in | bound by |\n"
+        "|---|---|---|---|---|---|---|---|---|"
     )
 
 
@@ -140,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if "cuda" in devices and not torch.cuda.is_available():
         print("error: --devices cuda, but PyTorch sees no CUDA device: use --devices cpu")
         return 2
-    recipe = " ".join(recipe_arguments())
+    recipe = " ".join(recipe_arguments()) + ", the batch and its learning rate grown with the envs"
     changed = f"; every row with {' '.join(passed)}" if passed else ""
     print(f"Scaling benchmark on {cores} cores: the training recipe ({recipe}{changed}), ", end="")
     print(f"{flags.bench_steps} steps measured after {flags.warmup_steps}; one run per row.")

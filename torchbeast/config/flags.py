@@ -19,6 +19,7 @@ from torchbeast.config.layers import COMMAND_LINE, parse_in_layers, settings_tab
 from torchbeast.config.resolvers import (
     Resolver,
     resolve_layout,
+    resolve_learner_batch,
     resolve_num_buffers,
     resolve_run_folder,
     resolve_seed,
@@ -68,7 +69,12 @@ def make_parser(
     runtimes accept it, as the original command lines may give it, and ignore it.
     """
     parser = FlagParser(description=description)
-    resolvers: list[Resolver] = [resolve_layout, resolve_run_folder, resolve_seed]
+    resolvers: list[Resolver] = [
+        resolve_layout,
+        resolve_learner_batch,
+        resolve_run_folder,
+        resolve_seed,
+    ]
     parser.resolvers = resolvers  # run by parse_flags, in order; runtimes may add theirs
     if shared_memory_buffers:
         resolvers.append(resolve_num_buffers)
@@ -130,7 +136,7 @@ def parse_flags_and_sources(
     argv = sys.argv[1:] if argv is None else list(argv)
     flags, sources = parse_in_layers(parser, argv)
     for resolve in parser.resolvers:
-        resolved = resolve(flags, parser)
+        resolved = resolve(flags, parser, sources)
         sources.update(
             (name, DERIVED)
             for name, value in resolved.items()

@@ -94,7 +94,7 @@ def make_bench_parser(runtimes: list[str]) -> argparse.ArgumentParser:
         "--json", default=None, metavar="FILE", help="Also write the figures to FILE as JSON."
     )
 
-    def refuse_other_runtimes_flags(flags: argparse.Namespace, parser) -> dict:
+    def refuse_other_runtimes_flags(flags: argparse.Namespace, parser, sources) -> dict:
         """Another runtime's own flag, given, is refused (before any is derived)."""
         for dest, owner in owners.items():
             if owner != flags.runtime and getattr(flags, dest) != parser.get_default(dest):
@@ -105,10 +105,10 @@ def make_bench_parser(runtimes: list[str]) -> argparse.ArgumentParser:
                 )
         return {}
 
-    def resolve_num_buffers_where_kept(flags: argparse.Namespace, parser) -> dict:
+    def resolve_num_buffers_where_kept(flags: argparse.Namespace, parser, sources) -> dict:
         """--num_buffers, where the runtime keeps shared-memory buffers."""
         if RUNTIMES[flags.runtime].shared_memory_buffers:
-            return resolve_num_buffers(flags, parser)
+            return resolve_num_buffers(flags, parser, sources)
         return {}
 
     parser.resolvers.insert(0, refuse_other_runtimes_flags)

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from torchbeast.config.declared import from_flags
 from torchbeast.config.env import env_settings
+from torchbeast.config.resolvers import Sources
 from torchbeast.core.settings import flag
 from torchbeast.envs.settings import EnvSettings
 
@@ -137,7 +138,9 @@ def poly_env_settings(flags: argparse.Namespace) -> PolyEnvSettings:
     return from_flags(PolyEnvSettings, flags, env=env_settings(flags))
 
 
-def resolve_learner_flags(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+def resolve_learner_flags(
+    flags: argparse.Namespace, parser: argparse.ArgumentParser, sources: Sources
+) -> dict:
     """The PolyBeast learner's derived defaults: a queue of --batch_size rollouts, and a
     quarter of this machine's memory for the streams' rollout buffers."""
     resolved = {}

@@ -8,10 +8,14 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+from torchbeast.config.layers import DEFAULT
+
+# Where each flag's value came from ("default", "command line", a preset, ...: ``layers``).
+Sources = Mapping[str, str]
 # Fills defaults derived from other flags, or refuses a combination: the flags it resolves.
-Resolver = Callable[[argparse.Namespace, argparse.ArgumentParser], dict]
+Resolver = Callable[[argparse.Namespace, argparse.ArgumentParser, Sources], dict]
 
 # The default layout: actors of this many environments each (one batched forward pass over
 # them per step), as many actors as half the cores (at least 2 where there are 2): the
@@ -32,7 +36,9 @@ def default_layout(cores: int) -> tuple[int, int]:
     return max(min(2, cores), cores // 2), DEFAULT_ENVS_PER_ACTOR
 
 
-def resolve_layout(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+def resolve_layout(
+    flags: argparse.Namespace, parser: argparse.ArgumentParser, sources: Sources
+) -> dict:
     """--num_actors and --envs_per_actor: the machine's layout when neither is given, 8 envs
     per actor when only --envs_per_actor is not and one per actor (the original's) when
     only --num_actors is; ``layout_source`` says which, for the run's log."""
@@ -50,7 +56,45 @@ def resolve_layout(flags: argparse.Namespace, parser: argparse.ArgumentParser) -
     return dict(num_actors=num_actors, envs_per_actor=envs_per_actor or 1, layout_source=source)
 
 
-def resolve_run_folder(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+# The learner's batch grows with the environments, so that a rollout's policy is as many
+# updates old when it is learnt from as in the runs that validated the recipe (2 cores: 16
+# envs, B=16, policy lag ~4; a learner that waits for no one holds about two rollouts per
+# env, so the lag goes as envs / B). B is 16 per 16 envs, up to 64, the largest validated
+# (Pong, 2 x 32 envs, B=64: see docs/benchmarks.md). RMSprop's steps have the size its rate
+# sets, whatever the batch, so a batch k times larger takes k times fewer steps of the same
+# size: the rate grows with sqrt(k). A bigger batch also spreads the learner's fixed cost
+# per update (on an H200: 23-37 ms for B=16 to 64) over more steps.
+RECIPE = dict(batch_size=16, unroll_length=5, learning_rate=0.0007)
+MAX_GROWN_BATCH = 64
+
+
+def grown_batch(envs: int) -> tuple[int, float]:
+    """(batch size, learning rate) of the recipe for ``envs`` environments in all."""
+    base = RECIPE["batch_size"]
+    batch = min(MAX_GROWN_BATCH, max(base, base * (envs // base)))
+    return batch, float(f"{RECIPE['learning_rate'] * (batch / base) ** 0.5:.3g}")
+
+
+def resolve_learner_batch(
+    flags: argparse.Namespace, parser: argparse.ArgumentParser, sources: Sources
+) -> dict:
+    """--batch_size and --learning_rate grown with the environments (``grown_batch``) where
+    the recipe's are left as they are: none of them, nor --unroll_length, given anywhere
+    (command line, --config file, the env's presets)."""
+    if any(
+        sources.get(name) != DEFAULT or getattr(flags, name) != value
+        for name, value in RECIPE.items()
+    ):
+        return {}
+    batch_size, learning_rate = grown_batch(flags.num_actors * flags.envs_per_actor)
+    if batch_size == RECIPE["batch_size"]:
+        return {}
+    return dict(batch_size=batch_size, learning_rate=learning_rate)
+
+
+def resolve_run_folder(
+    flags: argparse.Namespace, parser: argparse.ArgumentParser, sources: Sources
+) -> dict:
     """--savedir with ~ and $VARS expanded; --xpid, a plain folder name, from the time if
     not given."""
     xpid = flags.xpid or "torchbeast-" + time.strftime("%Y%m%d-%H%M%S")
@@ -61,7 +105,9 @@ def resolve_run_folder(flags: argparse.Namespace, parser: argparse.ArgumentParse
     return dict(savedir=os.path.expanduser(os.path.expandvars(flags.savedir)), xpid=xpid)
 
 
-def resolve_seed(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+def resolve_seed(
+    flags: argparse.Namespace, parser: argparse.ArgumentParser, sources: Sources
+) -> dict:
     """A training run without --seed draws one, so that meta.json and the log say how to
     repeat it (test and eval modes keep None: their games differ each time, as before)."""
     if flags.seed is None and flags.mode == "train":
@@ -69,7 +115,9 @@ def resolve_seed(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     return {}
 
 
-def resolve_num_buffers(flags: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+def resolve_num_buffers(
+    flags: argparse.Namespace, parser: argparse.ArgumentParser, sources: Sources
+) -> dict:
     """MonoBeast's --num_buffers: its default, or a refusal of too few."""
     needed = min_num_buffers(flags)
     if flags.num_buffers is None:

@@ -116,7 +116,14 @@ class LearnerSettings:
         check="positive",
         group=TRAINING,
     )
-    batch_size: int = flag(16, "Learner batch size.", metavar="B", check="positive", group=TRAINING)
+    batch_size: int = flag(
+        16,
+        "Learner batch size (with 32 or more envs in all, and none of --batch_size, "
+        "--learning_rate, --unroll_length given: 16 per 16 envs, up to 64).",
+        metavar="B",
+        check="positive",
+        group=TRAINING,
+    )
     unroll_length: int = flag(
         5, "The unroll length.", metavar="T", check="positive", group=TRAINING
     )
@@ -161,7 +168,11 @@ class LearnerSettings:
     )
     # The optimizer.
     learning_rate: float = flag(
-        0.0007, "Learning rate.", metavar="LR", check="positive", group=OPTIMIZER
+        0.0007,
+        "Learning rate (with a batch grown with the envs: 0.0007 * sqrt(B / 16)).",
+        metavar="LR",
+        check="positive",
+        group=OPTIMIZER,
     )
     optimizer: Literal["rmsprop", "adam"] = flag(
         "rmsprop", "(new) The learner's optimizer.", group=OPTIMIZER

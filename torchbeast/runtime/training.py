@@ -239,6 +239,14 @@ class Trainer:
         )
         source = self.settings.actors.layout_source
         log.info("Layout: %s%s.", self.actor_layout(), f" ({source})" if source else "")
+        if dict(run.sources).get("batch_size") == "derived":
+            learner = self.settings.learner
+            log.info(
+                "Learner batch: %d rollouts, learning rate %g, grown with the envs "
+                "(--batch_size and --learning_rate set your own).",
+                learner.batch_size,
+                learner.learning_rate,
+            )
         log.info("%s", self.threads_line)
         for line in self.precision_lines:
             log.info("%s", line)
