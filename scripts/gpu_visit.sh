@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# One visit to a GPU machine (16 cores, one NVIDIA GPU): the training recipe's scaling
-# table on CUDA over actor layouts, with and without central inference and with larger
-# learner batches, then one Pong run from scratch, for the rest of the time, with the
-# fastest layout of the recipe's own learner (B=16, T=5, two passes: the hyperparameters
-# the 2-core Pong runs were validated with). Everything it measures lands in $OUT.
+# One visit to a GPU machine (16 cores, one NVIDIA GPU), in one call: where one learner
+# update's time goes (scripts/profile_update.py), the scaling table on CUDA over the
+# layouts of the machine (the batch grown with each row's envs, as training grows it),
+# then Pong from scratch with the shipped defaults only (the machine's own layout and
+# batch) for the rest of the time. Everything it measures lands in $OUT.
 #
 #     OUT=/tmp/visit bash scripts/gpu_visit.sh [SECONDS]   # from the repository's root
 #
-# SECONDS (default 550) bounds the whole visit; the Pong run gets what the table leaves.
-# Wheels in .whl/ (gymnasium, ale-py, ...) are installed first where the machine lacks
-# them. SMALL=1 shrinks every run, to try the script on a machine without a GPU.
+# SECONDS (default 550) bounds the whole visit; the Pong run gets what the rest leaves.
+# Wheels in .whl/ (gymnasium, ale-py, farama-notifications) are installed first where the
+# machine lacks them. SMALL=1 shrinks every run, to try the script on a machine without a
+# GPU. The first visit (docs/runs/gpu_h200_visit1.log) ran the tables of its own flags.
 set -u
 started=$(date +%s)
 budget=${1:-550}
@@ -28,17 +29,19 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 elapsed() { echo $(($(date +%s) - started)); }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
-echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo)"
+echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo); commit $(git rev-parse --short HEAD 2>/dev/null)"
 $PY -c "import torch, gymnasium, ale_py; print('torch', torch.__version__, \
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA', \
 'gymnasium', gymnasium.__version__, 'ale-py', ale_py.__version__)" || exit 1
 
-devices=cuda warmup=10000 steps=40000 layouts_actors="8x8 15x8" layouts_central="15x8 30x8 15x16"
-layouts_batch="30x8"
+devices=cuda warmup=10000 steps=40000 batches="16 64 128" updates=30 layouts=""
+central="16x8"
 if [ "${SMALL:-0}" = 1 ]; then
-    devices=cpu warmup=500 steps=1000 layouts_actors="2x8" layouts_central="2x8 2x16"
-    layouts_batch="2x8"
+    devices=cpu warmup=500 steps=1000 batches="16" updates=3 layouts="--layouts 2x8" central="2x8"
 fi
+
+echo "== $(elapsed) s: one update, alone in its process"
+$PY scripts/profile_update.py --batch_sizes $batches --updates $updates
 
 # The scaling table: one benchmark process per row, each table's rows in one JSON file.
 table() {  # NAME, then flags for every row of it
@@ -48,34 +51,15 @@ table() {  # NAME, then flags for every row of it
     $PY -m torchbeast.scaling --devices $devices --warmup_steps $warmup --bench_steps $steps \
         --json "$work/tables/$name.json" "$@"
 }
-table actors --layouts $layouts_actors
-table central --central_inference --layouts $layouts_central
-table central_b32 --central_inference --batch_size 32 --layouts $layouts_batch
-table central_b64 --central_inference --batch_size 64 --layouts $layouts_batch
-table central_bf16 --central_inference --precision bf16 --layouts $layouts_batch
+table machine $layouts
+table central --central_inference --layouts $central
 tar -czf "$out/tables.tar.gz" -C "$work" tables
 
-# The fastest row with the recipe's own learner (tables "actors" and "central").
-flags=$($PY - "$work/tables" <<'EOF'
-import json, sys
-best = None
-for name, extra in (("actors", ""), ("central", " --central_inference")):
-    try:
-        rows = json.load(open(f"{sys.argv[1]}/{name}.json"))
-    except (OSError, ValueError):
-        continue
-    for row in rows:
-        if "sps" in row and (best is None or row["sps"] > best[0]):
-            best = (row["sps"], f"--num_actors {row['actors']} --envs_per_actor {row['envs']}{extra}")
-print(best[1] if best else "--num_actors 8 --envs_per_actor 8")
-EOF
-)
-
-# Pong from scratch with that layout, the rest of the defaults as shipped, stopped by
-# SIGTERM when the visit's time is up (the run checkpoints and says where it got).
+# Pong from scratch with the defaults only, stopped by SIGTERM when the visit's time is up
+# (the run checkpoints and says where it got).
 left=$((budget - $(elapsed) - 15))
 [ "${SMALL:-0}" = 1 ] && left=40
-echo "== $(elapsed) s: Pong for ${left} s with $flags"
+echo "== $(elapsed) s: Pong for ${left} s with the defaults"
 pong_started=$(date +%s.%N)
 run="$work/runs/pong_gpu"
 (  # the run's logs reach $OUT as it goes, in case the visit is cut short
@@ -86,7 +70,7 @@ run="$work/runs/pong_gpu"
 ) &
 copier=$!
 timeout -s TERM "$left" $PY -m torchbeast.monobeast --env PongNoFrameskip-v4 --seed 1 \
-    --xpid pong_gpu --savedir "$work/runs" $flags
+    --xpid pong_gpu --savedir "$work/runs"
 rc=$?
 kill $copier
 gzip -c "$run/logs.csv" >"$out/pong_logs.csv.gz"
@@ -110,6 +94,7 @@ for row in rows:
             seconds = float(row["_time"]) - started
             print(f"100-episode mean >= {bar}: step {row['step']}, {seconds:.0f} s after the start")
 last = rows[-1]
-print(f"last: step {last['step']}, 100-episode mean {last['mean_return_last_100']}, best {best}")
+print(f"last: step {last['step']}, 100-episode mean {last['mean_return_last_100']}, best {best}, "
+      f"policy lag {last['policy_lag']}")
 EOF
 echo "== $(elapsed) s: done"
