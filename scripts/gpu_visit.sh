@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One visit to a GPU machine (16 cores, one NVIDIA GPU), in one call: where one learner
-# update's time goes (scripts/profile_update.py), the scaling table on CUDA over the
-# layouts of the machine (the batch grown with each row's envs, as training grows it),
-# then Pong from scratch with the shipped defaults only (the machine's own layout and
-# batch) for the rest of the time. Everything it measures lands in $OUT.
+# One visit to a GPU machine (16 cores, one NVIDIA GPU), in one call: the CUDA graph's
+# tests, where one learner update's time goes, eager and as one CUDA graph
+# (scripts/profile_update.py), the scaling table on CUDA for the machine's own layout and
+# one actor per core (the batch grown with each row's envs, as training grows it), with and
+# without --cuda_graphs, then Pong from scratch with the defaults and the fastest row's
+# flags for the rest of the time. Everything it measures lands in $OUT.
 #
 #     OUT=/tmp/visit bash scripts/gpu_visit.sh [SECONDS]   # from the repository's root
 #
@@ -29,21 +30,26 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 elapsed() { echo $(($(date +%s) - started)); }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
-echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo); commit $(git rev-parse --short HEAD 2>/dev/null)"
+echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo)"
 $PY -c "import torch, gymnasium, ale_py; print('torch', torch.__version__, \
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA', \
 'gymnasium', gymnasium.__version__, 'ale-py', ale_py.__version__)" || exit 1
 
-devices=cuda warmup=10000 steps=40000 batches="16 64 128" updates=30 layouts=""
-central="16x8"
+devices=cuda warmup=10000 steps=40000 batches="16 64" updates=30 layouts="8x8 16x8"
 if [ "${SMALL:-0}" = 1 ]; then
-    devices=cpu warmup=500 steps=1000 batches="16" updates=3 layouts="--layouts 2x8" central="2x8"
+    devices=cpu warmup=500 steps=1000 batches="16" updates=3 layouts="1x8 2x8"
 fi
 
-echo "== $(elapsed) s: one update, alone in its process"
-$PY scripts/profile_update.py --batch_sizes $batches --updates $updates
+echo "== $(elapsed) s: the CUDA graph's own tests (skipped without CUDA)"
+$PY -m pytest -q -p no:cacheprovider tests/test_update_graph.py 2>&1 | tail -3
 
-# The scaling table: one benchmark process per row, each table's rows in one JSON file.
+echo "== $(elapsed) s: one update, alone in its process: eager, then as one CUDA graph"
+$PY scripts/profile_update.py --batch_sizes $batches --updates $updates
+$PY scripts/profile_update.py --batch_sizes $batches --updates $updates --cuda_graphs 2>&1 |
+    grep -v "^ *\(aten\|cuda\|void\|autograd\)" | head -30
+
+# The scaling table: one benchmark process per row, each table's rows in one JSON file;
+# each row's batch grown with its envs, as training grows it.
 table() {  # NAME, then flags for every row of it
     local name=$1
     shift
@@ -51,15 +57,34 @@ table() {  # NAME, then flags for every row of it
     $PY -m torchbeast.scaling --devices $devices --warmup_steps $warmup --bench_steps $steps \
         --json "$work/tables/$name.json" "$@"
 }
-table machine $layouts
-table central --central_inference --layouts $central
+table eager --layouts $layouts
+table graphs --cuda_graphs --layouts $layouts
+table graphs_central --cuda_graphs --central_inference --layouts ${layouts##* }
 tar -czf "$out/tables.tar.gz" -C "$work" tables
 
-# Pong from scratch with the defaults only, stopped by SIGTERM when the visit's time is up
-# (the run checkpoints and says where it got).
+# The fastest row's flags (none where the defaults' own layout, eager, was the fastest).
+flags=$($PY - "$work/tables" "$(nproc)" <<'EOF'
+import json, sys
+from torchbeast.config.resolvers import default_layout
+best, own = None, default_layout(int(sys.argv[2]))
+for name, extra in (("eager", ""), ("graphs", "--cuda_graphs"), ("graphs_central", "--cuda_graphs --central_inference")):
+    try:
+        rows = json.load(open(f"{sys.argv[1]}/{name}.json"))
+    except (OSError, ValueError):
+        continue
+    for row in rows:
+        layout = "" if (row["actors"], row["envs"]) == own else f"--num_actors {row['actors']} --envs_per_actor {row['envs']}"
+        if "sps" in row and (best is None or row["sps"] > best[0]):
+            best = (row["sps"], f"{extra} {layout}".strip())
+print(best[1] if best else "")
+EOF
+)
+
+# Pong from scratch with the defaults and the fastest row's flags, stopped by SIGTERM
+# when the visit's time is up (the run checkpoints and says where it got).
 left=$((budget - $(elapsed) - 15))
 [ "${SMALL:-0}" = 1 ] && left=40
-echo "== $(elapsed) s: Pong for ${left} s with the defaults"
+echo "== $(elapsed) s: Pong for ${left} s with the defaults and: ${flags:-nothing else}"
 pong_started=$(date +%s.%N)
 run="$work/runs/pong_gpu"
 (  # the run's logs reach $OUT as it goes, in case the visit is cut short
@@ -70,7 +95,7 @@ run="$work/runs/pong_gpu"
 ) &
 copier=$!
 timeout -s TERM "$left" $PY -m torchbeast.monobeast --env PongNoFrameskip-v4 --seed 1 \
-    --xpid pong_gpu --savedir "$work/runs"
+    --xpid pong_gpu --savedir "$work/runs" $flags
 rc=$?
 kill $copier
 gzip -c "$run/logs.csv" >"$out/pong_logs.csv.gz"

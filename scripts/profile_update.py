@@ -7,6 +7,7 @@ publishing weights) slows it.
 
     python scripts/profile_update.py                     # CUDA where there is one
     python scripts/profile_update.py --device cpu --batch_sizes 16 64 --updates 10
+    python scripts/profile_update.py --cuda_graphs          # each update one CUDA graph
 
 Any training flag (``--env``, ``--unroll_length``, ``--epochs``, ...) shapes the update as it
 would in training; frames and actions are random.
@@ -29,6 +30,7 @@ from torchbeast.core import rollout
 from torchbeast.core.learner import Learner
 from torchbeast.core.models import create_model, model_config
 from torchbeast.core.precision import compute_dtype
+from torchbeast.core.update_graph import UpdateGraph
 from torchbeast.runtime.mono_actor import SharedWeights
 
 
@@ -78,6 +80,8 @@ def main(argv: list[str]) -> None:
             config, env_spec.observation_shape, env_spec.num_actions, compute_dtype=dtype
         )
         learner = Learner(settings.learner, model.to(device))
+        if settings.learner.cuda_graphs and device.type == "cuda":
+            learner.update_graph = UpdateGraph(learner)
         batch = random_batch(env_spec, settings.learner.unroll_length, batch_size, device)
         time_updates(learner, batch, 5, device)  # warm-up: allocations, kernels, handles
         times = time_updates(learner, batch, mine.updates, device)
@@ -100,7 +104,8 @@ def main(argv: list[str]) -> None:
     with profile(activities=activities) as profiler:
         time_updates(learner, batch, 5, device)
     averages = profiler.key_averages()
-    launches = sum(e.count for e in averages if e.key in ("cudaLaunchKernel", "cuLaunchKernel"))
+    names = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch", "cuGraphLaunch")
+    launches = sum(e.count for e in averages if e.key in names)
     print(f"Last batch size, 5 updates profiled: {launches / 5:.0f} kernel launches per update")
     print(averages.table(sort_by="self_cpu_time_total", row_limit=25))
     if device.type == "cuda":

@@ -24,6 +24,7 @@ per-update diagnostics by ``core.diagnostics``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Callable
@@ -42,6 +43,22 @@ from torchbeast.core.value_scale import ValueScale
 
 class NonFiniteLossError(RuntimeError):
     """The loss or gradient became NaN or infinite; the update was not applied."""
+
+
+@dataclasses.dataclass
+class DeviceUpdate:
+    """An update queued on the device (``Learner.device_update``): its first pass, and its
+    figures then its checks, stacked in one float64 tensor to be read with one wait."""
+
+    first_pass: LossTerms
+    stacked: torch.Tensor  # [figures + checks]
+    names: list[str]  # of each value in ``stacked``
+    check_names: list[str]  # the checks': each float input's, then each pass's loss and norm
+    inputs: int  # how many checks are inputs'
+
+    def read(self) -> dict[str, float]:
+        """Every value by name (waits for the device once)."""
+        return dict(zip(self.names, self.stacked.tolist(), strict=True))
 
 
 class UndoBuffer:
@@ -77,6 +94,24 @@ class UndoBuffer:
                 del self.optimizer.state[param]
 
 
+def portable(optimizer_state: dict) -> dict:
+    """An optimizer's state dict as any machine can load it: a CUDA graph's optimizer
+    (``core.update_graph``) runs in its capturable mode, its steps on the device."""
+    return {
+        "state": {
+            index: {
+                name: value.cpu() if name == "step" and torch.is_tensor(value) else value
+                for name, value in state.items()
+            }
+            for index, state in optimizer_state["state"].items()
+        },
+        "param_groups": [
+            {**group, "capturable": False} if "capturable" in group else group
+            for group in optimizer_state["param_groups"]
+        ],
+    }
+
+
 class Learner:
     """Holds the model, optimizer and scheduler; ``learn`` applies one IMPALA update.
 
@@ -104,6 +139,8 @@ class Learner:
         # once, at its end, and undone if it failed. On the CPU waiting costs nothing, and
         # a failed pass is refused before its step (saving no state for one pass).
         self.deferred_checks = next(model.parameters()).device.type == "cuda"
+        # The update as one CUDA graph (``--cuda_graphs``), set by ``core.update_graph``.
+        self.update_graph = None
         self.on_update = on_update
         self.lock = threading.Lock()
         self.step = 0  # agent steps learned from
@@ -121,44 +158,107 @@ class Learner:
         replayed (default: all online).
         """
         with self.lock:
+            if self.deferred_checks:
+                return self._learn_deferred(batch, initial_core_state, num_online)
             # Whether the inputs are finite: a non-finite input would give a non-finite
             # loss anyway; this says which input it was.
-            inputs_finite = {
-                key: torch.isfinite(batch[key]).all()
-                for key in ("frame", "reward")
-                if batch[key].is_floating_point()
-            }
-            if not self.deferred_checks:
-                self._check_inputs(inputs_finite)
-            # A failed pass must not leave the earlier ones applied (nor, with deferred
-            # checks, itself).
-            saved = self.deferred_checks or self.settings.epochs > 1
+            self._check_inputs(
+                {key: torch.isfinite(batch[key]).all() for key in self._float_inputs(batch)}
+            )
+            # A failed pass must not leave the earlier ones applied.
+            saved = self.settings.epochs > 1
             if saved:
                 self.undo.save()
             # --epochs passes over the batch, V-trace correcting for the policy moving
             # between them; the statistics describe the first pass.
             first_pass: LossTerms | None = None
-            checked: list[tuple[torch.Tensor, torch.Tensor]] = []  # (loss, gradient norm)
+            grad_norm: torch.Tensor | None = None
             try:
                 for _ in range(self.settings.epochs):
                     terms = self._losses(batch, initial_core_state, num_online)
-                    checked.append((terms.total_loss.detach(), self._apply(terms.total_loss)))
-                    first_pass = first_pass or terms
-                if self.deferred_checks:
-                    self._check_update(inputs_finite, checked)
+                    norm = self._apply(terms.total_loss)
+                    if first_pass is None:
+                        first_pass, grad_norm = terms, norm
             except NonFiniteLossError:
                 if saved:
                     self.undo.restore()
                 raise
+            figures = self._figures(first_pass, grad_norm)
             self.scheduler.step()
-            grad_norm = checked[0][1]
-            targets = first_pass.vtrace_returns.vs
-            if first_pass.loss_mask is not None:
-                targets = targets[first_pass.loss_mask.bool()]
-            self.value_scale.update(targets, self.model.baseline)
-            return self._finish_update(first_pass, grad_norm)
+            self._scale_values(first_pass)
+            # One wait for the device for every figure: stacked where they are, read at once.
+            stacked = torch.stack([figure.to(torch.float64) for figure in figures.values()])
+            return self._record(dict(zip(figures, stacked.tolist(), strict=True)), first_pass)
 
-    def _check_inputs(self, inputs_finite: dict[str, torch.Tensor]) -> None:
+    def _learn_deferred(
+        self,
+        batch: dict[str, torch.Tensor],
+        initial_core_state: CoreState,
+        num_online: int | None,
+    ) -> dict[str, float]:
+        """``learn`` on a GPU: the whole update is queued on the device (as one CUDA graph
+        where ``update_graph`` takes it), then read with one wait: its figures and its
+        checks; an update that failed a check is undone."""
+        if self.update_graph is not None and self.update_graph.fits(
+            batch, initial_core_state, num_online
+        ):
+            update = self.update_graph.run(batch, initial_core_state)
+        else:
+            update = self.device_update(batch, initial_core_state, num_online)
+        values = update.read()
+        checks = [values.pop(name) for name in update.check_names]
+        if not all(math.isfinite(value) and value != 0 for value in checks[: update.inputs]):
+            self.undo.restore()
+            self._check_inputs(dict(zip(update.check_names, checks, strict=False)))
+        passes = checks[update.inputs :]
+        if not all(math.isfinite(value) for value in passes):
+            self.undo.restore()
+            for total, norm in zip(passes[::2], passes[1::2], strict=True):
+                self._check_pass(total, norm)
+        self.scheduler.step()
+        self._scale_values(update.first_pass)
+        return self._record(values, update.first_pass)
+
+    def device_update(
+        self,
+        batch: dict[str, torch.Tensor],
+        initial_core_state: CoreState,
+        num_online: int | None,
+    ) -> DeviceUpdate:
+        """The update's work on the device, queued without waiting for it: the weights and
+        the optimizer's state saved (to undo it), --epochs passes, the figures of the first
+        and the checks (each input finite, each pass's loss and gradient norm)."""
+        float_inputs = self._float_inputs(batch)
+        checks = [torch.isfinite(batch[key]).all() for key in float_inputs]
+        self.undo.save()
+        first_pass: LossTerms | None = None
+        grad_norm: torch.Tensor | None = None
+        for _ in range(self.settings.epochs):
+            terms = self._losses(batch, initial_core_state, num_online)
+            norm = self._apply(terms.total_loss)
+            checks += [terms.total_loss.detach(), norm]
+            if first_pass is None:
+                first_pass, grad_norm = terms, norm
+        figures = self._figures(first_pass, grad_norm)
+        names = [*figures, *float_inputs]
+        names += [f"pass {i} {what}" for i in range(self.settings.epochs) for what in "ln"]
+        stacked = torch.stack([value.to(torch.float64) for value in [*figures.values(), *checks]])
+        checked = list(names[len(figures) :])
+        return DeviceUpdate(first_pass, stacked, names, checked, len(float_inputs))
+
+    @staticmethod
+    def _float_inputs(batch: dict[str, torch.Tensor]) -> list[str]:
+        return [key for key in ("frame", "reward") if batch[key].is_floating_point()]
+
+    def _scale_values(self, first_pass: LossTerms) -> None:
+        """PopArt-style value normalisation (``--normalize_values``): sigma moves towards
+        this batch's targets."""
+        targets = first_pass.vtrace_returns.vs
+        if first_pass.loss_mask is not None:
+            targets = targets[first_pass.loss_mask.bool()]
+        self.value_scale.update(targets, self.model.baseline)
+
+    def _check_inputs(self, inputs_finite: dict[str, torch.Tensor | float]) -> None:
         for key, finite in inputs_finite.items():
             if not finite:
                 raise NonFiniteLossError(
@@ -166,7 +266,9 @@ class Learner:
                     "was not applied. Check the environment's observations and rewards"
                 )
 
-    def _check_pass(self, total_loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+    def _check_pass(
+        self, total_loss: torch.Tensor | float, grad_norm: torch.Tensor | float
+    ) -> None:
         total, norm = float(total_loss), float(grad_norm)
         if not (math.isfinite(total) and math.isfinite(norm)):
             raise NonFiniteLossError(
@@ -174,21 +276,6 @@ class Learner:
                 "the update was not applied. Lower --learning_rate or check the "
                 "environment's rewards"
             )
-
-    def _check_update(
-        self,
-        inputs_finite: dict[str, torch.Tensor],
-        checked: list[tuple[torch.Tensor, torch.Tensor]],
-    ) -> None:
-        """With deferred checks: one wait for the device for the whole update, and on a
-        failure the error the checks of each pass would have raised first."""
-        finite = [*inputs_finite.values()]
-        finite += [torch.isfinite(value) for pair in checked for value in pair]
-        if bool(torch.stack(finite).all()):
-            return
-        self._check_inputs(inputs_finite)
-        for total_loss, grad_norm in checked:
-            self._check_pass(total_loss, grad_norm)
 
     def nonfinite_columns(
         self,
@@ -242,9 +329,8 @@ class Learner:
         self.optimizer.step()
         return grad_norm.detach()
 
-    def _finish_update(self, terms: LossTerms, grad_norm: torch.Tensor) -> dict[str, float]:
-        """Counts the update, publishes the weights and returns the update's statistics,
-        read from the device at once."""
+    def _figures(self, terms: LossTerms, grad_norm: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The update's figures, 0-dim tensors where they are (read all at once later)."""
         batch, online = terms.batch, terms.online
         device = grad_norm.device
         ended = batch["episode_end"] & online  # [T, B]
@@ -274,10 +360,11 @@ class Learner:
             figures[f"mean_{key}"] = masked_mean(batch[key], ended)
         if self.settings.replays:
             figures["trusted_fraction"] = torch.as_tensor(terms.trusted_fraction, device=device)
-        # One wait for the device for every figure: stacked where they are, read at once.
-        stacked = torch.stack([figure.to(device, torch.float64) for figure in figures.values()])
-        values = dict(zip(figures, stacked.tolist(), strict=True))
+        return figures
 
+    def _record(self, values: dict[str, float], terms: LossTerms) -> dict[str, float]:
+        """Counts the update, publishes the weights and returns the update's statistics
+        from its figures' values."""
         self.step += int(values.pop("steps"))
         updates_before = self.updates
         self.updates += 1
@@ -296,14 +383,14 @@ class Learner:
         if self.value_scale.enabled:
             stats["value_scale"] = self.value_scale.scale
         if self.settings.replays:
-            stats["replayed_columns"] = batch["reward"].shape[1] - terms.num_online
+            stats["replayed_columns"] = terms.batch["reward"].shape[1] - terms.num_online
             stats["trusted_fraction"] = stats.pop("trusted_fraction")
         return stats
 
     def state_dict(self) -> dict:
         return {
             "model_state_dict": self.model.state_dict(),
-            "optimizer_state_dict": self.optimizer.state_dict(),
+            "optimizer_state_dict": portable(self.optimizer.state_dict()),
             "scheduler_state_dict": self.scheduler.state_dict(),
             "step": self.step,
             "updates": self.updates,

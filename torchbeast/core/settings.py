@@ -146,6 +146,11 @@ class LearnerSettings:
         metavar="K",
         check="positive",
     )
+    cuda_graphs: bool = flag(
+        False,
+        "(new) On a GPU, run each update as one CUDA graph (one launch instead of ~1,000), "
+        "checked once against an eager update; the log says whether it is used.",
+    )
     ppo_clip: float = flag(
         0.2,
         "(new) > 0: PPO's clipped surrogate, with pi/mu clipped to [1 - EPS, 1 + EPS], "

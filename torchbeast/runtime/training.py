@@ -33,6 +33,7 @@ from torchbeast.core.precision import bf16_on_cpu, compute_dtype, describe
 from torchbeast.core.replay import Replay
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
+from torchbeast.core.update_graph import UpdateGraph
 from torchbeast.envs.family import flag_text
 from torchbeast.runtime.checkpointing import NOT_RESTORED_LINE, RunCheckpoint
 from torchbeast.runtime.console import setup_console_logging
@@ -90,6 +91,12 @@ class Trainer:
             on_update=self.publish,
             episode_extras=env_spec.episode_extras,
         )
+        self.graph_line = None
+        if settings.learner.cuda_graphs:
+            if self.device.type == "cuda":
+                self.learner.update_graph = UpdateGraph(self.learner)
+            else:
+                self.graph_line = "--cuda_graphs: no CUDA device here, so updates run eagerly."
         self.progress = Progress(run, self.total_steps, env_spec)
         self.replay: Replay | None = None
         if settings.replay.replay_size > 0:
@@ -250,6 +257,8 @@ class Trainer:
         log.info("%s", self.threads_line)
         for line in self.precision_lines:
             log.info("%s", line)
+        if self.graph_line:
+            log.info("%s", self.graph_line)
         seed, drawn = self.settings.env.seed, dict(run.sources).get("seed") == "derived"
         if seed is not None:
             log.info("Seed: %d%s.", seed, f" (drawn; --seed {seed} repeats it)" if drawn else "")
