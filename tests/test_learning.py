@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from torchbeast import learncheck
+from torchbeast.config.flags import parse_flags
 from torchbeast.curves import read_logs
 from torchbeast.envs import create_env
 from torchbeast.envs.cue import ENV_ID
@@ -123,6 +124,13 @@ def test_a_best_check_takes_the_best_100_episode_mean_the_run_reached():
     assert learncheck.best_mean_of_episodes(logs) == pytest.approx(4.5)
     assert learncheck.mean_of_last_episodes(logs) == pytest.approx(0.0)
     assert np.isnan(learncheck.best_mean_of_episodes({"episodes": np.array([30.0, 20.0])}))
+
+
+def test_learning_checks_run_on_the_layout_their_bands_were_set_with(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(16)))
+    command = learncheck.CHECKS["cartpole"].command("runs", "check")
+    flags = parse_flags(command[command.index("--env") :])
+    assert (flags.num_actors, flags.envs_per_actor, flags.batch_size) == (2, 8, 16)
 
 
 def test_learning_check_refuses_an_unknown_check(capsys):

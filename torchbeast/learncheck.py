@@ -5,13 +5,15 @@ Usage::
     python -m torchbeast.learncheck                 # the default checks, 3-6 min on 2 cores
     python -m torchbeast.learncheck pixelcue cartpole pong-early
 
-Each check trains with the default flags (PixelCue with flags of its own) and a fixed
-seed, stops the run once it has learned from the check's number of steps (the learning
-rate keeps the default schedule, over ``--total_steps``), then compares the mean return of
-the last 100 episodes (from the run's ``logs.csv``) against its band, and prints one line
-per check. The exit code is 0 only if every check passed. Each run replaces the previous one
-in ``--savedir`` (``learncheck-NAME``) and stays there for ``python -m torchbeast.plot
---diagnostics``. ``pong-early`` (~20 minutes) runs only when named.
+Each check trains with the default flags (PixelCue with flags of its own) on the layout
+of 2 cores (2 actors x 8 envs, so B=16: bigger machines grow the batch with their envs,
+and the bands were set with this one) and a fixed seed, stops the run once it has learned
+from the check's number of steps (the learning rate keeps the default schedule, over
+``--total_steps``), then compares the mean return of the last 100 episodes (from the run's
+``logs.csv``) against its band, and prints one line per check. The exit code is 0 only if
+every check passed. Each run replaces the previous one in ``--savedir``
+(``learncheck-NAME``) and stays there for ``python -m torchbeast.plot --diagnostics``.
+``pong-early`` (~20 minutes) runs only when named.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import numpy as np
 from torchbeast.curves import last_episodes_mean, read_logs
 
 POLL_S = 1.0
+# The layout the bands were set with, whatever the machine (a check's flags may change it).
+LAYOUT = ("--num_actors", "2", "--envs_per_actor", "8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +63,7 @@ class Check:
             savedir,
             "--xpid",
             xpid,
+            *LAYOUT,
             *self.flags,
             *extra_flags,
         ]
