@@ -169,21 +169,13 @@ class Learner:
             saved = self.settings.epochs > 1
             if saved:
                 self.undo.save()
-            # --epochs passes over the batch, V-trace correcting for the policy moving
-            # between them; the statistics describe the first pass.
-            first_pass: LossTerms | None = None
-            grad_norm: torch.Tensor | None = None
             try:
-                for _ in range(self.settings.epochs):
-                    terms = self._losses(batch, initial_core_state, num_online)
-                    norm = self._apply(terms.total_loss)
-                    if first_pass is None:
-                        first_pass, grad_norm = terms, norm
+                first_pass, checked = self._passes(batch, initial_core_state, num_online)
             except NonFiniteLossError:
                 if saved:
                     self.undo.restore()
                 raise
-            figures = self._figures(first_pass, grad_norm)
+            figures = self._figures(first_pass, checked[1])
             self.scheduler.step()
             self._scale_values(first_pass)
             # One wait for the device for every figure: stacked where they are, read at once.
@@ -231,20 +223,31 @@ class Learner:
         float_inputs = self._float_inputs(batch)
         checks = [torch.isfinite(batch[key]).all() for key in float_inputs]
         self.undo.save()
-        first_pass: LossTerms | None = None
-        grad_norm: torch.Tensor | None = None
-        for _ in range(self.settings.epochs):
-            terms = self._losses(batch, initial_core_state, num_online)
-            norm = self._apply(terms.total_loss)
-            checks += [terms.total_loss.detach(), norm]
-            if first_pass is None:
-                first_pass, grad_norm = terms, norm
-        figures = self._figures(first_pass, grad_norm)
+        first_pass, checked = self._passes(batch, initial_core_state, num_online)
+        checks += checked
+        figures = self._figures(first_pass, checked[1])
         names = [*figures, *float_inputs]
         names += [f"pass {i} {what}" for i in range(self.settings.epochs) for what in "ln"]
         stacked = torch.stack([value.to(torch.float64) for value in [*figures.values(), *checks]])
         checked = list(names[len(figures) :])
         return DeviceUpdate(first_pass, stacked, names, checked, len(float_inputs))
+
+    def _passes(
+        self,
+        batch: dict[str, torch.Tensor],
+        initial_core_state: CoreState,
+        num_online: int | None,
+    ) -> tuple[LossTerms, list[torch.Tensor]]:
+        """--epochs passes over the batch, V-trace correcting for the policy moving between
+        them: the first pass's terms (the statistics describe it), and each pass's loss and
+        gradient norm before clipping, in turn."""
+        first_pass: LossTerms | None = None
+        checked: list[torch.Tensor] = []
+        for _ in range(self.settings.epochs):
+            terms = self._losses(batch, initial_core_state, num_online)
+            checked += [terms.total_loss.detach(), self._apply(terms.total_loss)]
+            first_pass = first_pass or terms
+        return first_pass, checked
 
     @staticmethod
     def _float_inputs(batch: dict[str, torch.Tensor]) -> list[str]:
