@@ -5,9 +5,9 @@ H200 at 23-37 ms per update, the GPU 11-17% busy), it tells whether the update i
 that slow, or the rest of the learner process (batching, the dispatcher, central inference,
 publishing weights) slows it.
 
-    python scripts/profile_update.py                     # CUDA where there is one
+    python scripts/profile_update.py                     # CUDA (each update one graph)
+    python scripts/profile_update.py --cuda_graphs off   # CUDA, eager updates
     python scripts/profile_update.py --device cpu --batch_sizes 16 64 --updates 10
-    python scripts/profile_update.py --cuda_graphs          # each update one CUDA graph
 
 Any training flag (``--env``, ``--unroll_length``, ``--epochs``, ...) shapes the update as it
 would in training; frames and actions are random.
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> None:
             config, env_spec.observation_shape, env_spec.num_actions, compute_dtype=dtype
         )
         learner = Learner(settings.learner, model.to(device))
-        if settings.learner.cuda_graphs and device.type == "cuda":
+        if settings.learner.cuda_graphs == "auto" and device.type == "cuda":
             learner.update_graph = UpdateGraph(learner)
         batch = random_batch(env_spec, settings.learner.unroll_length, batch_size, device)
         time_updates(learner, batch, 5, device)  # warm-up: allocations, kernels, handles

@@ -120,3 +120,23 @@ def test_central_inference_is_off_unless_asked_for():
     assert build_settings(asked, "mono").runtime.central_inference is True
     # The flags of every runtime have no such flag: the settings keep its default.
     assert build_settings(parse_flags([]), "mono").runtime.central_inference is False
+
+
+def test_the_server_samples_from_its_own_generator():
+    """Its thread samples beside the learner's, which on a GPU captures its update as a
+    CUDA graph, and owns the device's default generator meanwhile: the server draws from
+    a generator of its own, seeded from the process's seed, and from no other."""
+    config = dict(LSTM, use_lstm=False)
+    actions = []
+    for other_draws in (0, 5):
+        torch.manual_seed(0)
+        learner_model = create_model(config, SPEC.observation_shape, SPEC.num_actions)
+        slots = InferenceSlots.allocate(SPEC, learner_model, num_actors=2, envs_per_actor=64)
+        server = InferenceServer(learner_model, config, SPEC, slots, lambda message: None)
+        torch.rand(other_draws)  # the default generator moves on; the server's does not
+        default_state = torch.get_rng_state()
+        server.infer([0, 1])
+        assert torch.equal(torch.get_rng_state(), default_state)
+        actions.append(slots.outputs["action"].clone())
+    assert torch.equal(actions[0], actions[1])
+    assert len(set(actions[0].flatten().tolist())) == 2  # sampled, not one action

@@ -31,6 +31,20 @@ def test_the_default_layout_is_half_the_cores_with_8_envs_each(cores, layout):
     assert default_layout(cores) == layout
 
 
+@pytest.mark.parametrize("cores", [2, 16])
+def test_with_the_learner_on_a_gpu_the_layout_is_one_actor_per_core(monkeypatch, cores):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # no GPU here to ask
+    flags = parse_flags([])
+    assert (flags.num_actors, flags.envs_per_actor) == (cores, 8)
+    assert flags.layout_source == f"chosen for {cores} cores and a GPU"
+    on_cpu = parse_flags(["--disable_cuda"])  # the learner stays on the CPU
+    assert (on_cpu.num_actors, on_cpu.layout_source) == (
+        max(2, cores // 2),
+        f"chosen for {cores} cores",
+    )
+
+
 def test_layout_flags_win_over_the_machines_layout():
     flags = parse_flags(["--num_actors", "3", "--envs_per_actor", "5"])
     assert (flags.num_actors, flags.envs_per_actor) == (3, 5)

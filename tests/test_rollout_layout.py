@@ -108,3 +108,28 @@ def test_polybeast_streams_write_the_rollout_layout(tmp_path):
         inference.close()
         episodes.close()
         env.close()
+
+
+def test_polybeast_inference_samples_from_its_own_generator():
+    """As MonoBeast's central inference: its threads sample beside the learner's, whose
+    CUDA-graph capture owns the device's default generator meanwhile."""
+    settings = small_settings()
+    spec = envs.env_spec(settings.env)
+    config = model_config(settings.model, spec.observation_shape)
+    torch.manual_seed(0)
+    model = create_model(config, spec.observation_shape, spec.num_actions)
+    inference = StreamInference(model, config, spec, settings.runtime)
+    try:
+        frames = torch.randn(1, 64, *spec.observation_shape)
+        inputs = dict(
+            frame=frames,
+            reward=torch.zeros(1, 64),
+            done=torch.zeros(1, 64, dtype=torch.bool),
+            last_action=torch.zeros(1, 64, dtype=torch.int64),
+        )
+        default_state = torch.get_rng_state()
+        ((outputs, _),) = inference.infer([(inputs, inference.initial_core_state)])
+        assert torch.equal(torch.get_rng_state(), default_state)
+        assert len(set(outputs["action"].flatten().tolist())) == 2  # sampled
+    finally:
+        inference.close()

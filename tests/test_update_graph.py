@@ -5,6 +5,7 @@ On a CPU-only machine the eager path it falls back to is the one every learner t
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from tests.test_learner import B, make_batch, make_model, make_setup
 from tests.test_monobeast import monobeast
 from torchbeast.core.learner import Learner, portable
+from torchbeast.core.models import sampling_generator
 from torchbeast.core.update_graph import UpdateGraph
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -68,14 +70,61 @@ def test_checkpoints_hold_the_optimizer_as_any_machine_loads_it():
     fresh.learn(make_batch(seed=2))  # a CPU optimizer steps with it
 
 
-def test_cuda_graphs_on_a_machine_without_cuda_say_so_and_train(tmp_path):
+def test_on_a_machine_without_cuda_the_default_trains_eagerly_and_off_is_accepted(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    args = ["--env", "CartPole-v1", "--total_steps", "1000", "--xpid", "run", "--cuda_graphs"]
-    result = monobeast(tmp_path, *args, "--num_actors", "1", "--envs_per_actor", "2")
+    for choice in ([], ["--cuda_graphs", "off"]):
+        xpid = "run" + "".join(choice[1:])
+        args = ["--env", "CartPole-v1", "--total_steps", "1000", "--xpid", xpid, *choice]
+        result = monobeast(tmp_path, *args, "--num_actors", "1", "--envs_per_actor", "2")
+        assert result.returncode == 0, result.stderr
+        out_log = (tmp_path / xpid / "out.log").read_text()
+        assert "CUDA graph" not in out_log  # nothing to say: there is no GPU
+        assert "Summary: step 1" in out_log  # trained to the end
+
+
+def test_an_unknown_cuda_graphs_choice_is_refused_in_one_line(tmp_path):
+    result = monobeast(tmp_path, "--env", "CartPole-v1", "--cuda_graphs", "yes")
+    assert result.returncode != 0
+    assert "--cuda_graphs: invalid choice: 'yes'" in result.stderr
+
+
+@cuda
+def test_actions_are_sampled_beside_a_capture_from_the_samplers_own_generator():
+    """Central inference samples in its own thread while the learner captures its update
+    (its first): with the device's default generator that draw fails."""
+    generator = sampling_generator(torch.device("cuda"))
+    probabilities = torch.full((128, 6), 1 / 6, device="cuda")
+    static = torch.ones(1024, device="cuda")
+    graph, capturing, drawn, errors = torch.cuda.CUDAGraph(), threading.Event(), [], []
+
+    def sample():
+        capturing.wait()
+        try:
+            drawn.append(torch.multinomial(probabilities, 1, generator=generator).cpu())
+        except RuntimeError as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=sample)
+    thread.start()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        capturing.set()
+        thread.join()
+        static.mul_(2.0)
+    graph.replay()
+    assert errors == [] and drawn[0].shape == (128, 1)
+    assert float(static[0]) == 2.0
+
+
+@cuda
+def test_monobeast_trains_with_central_inference_and_the_graphed_update(tmp_path):
+    args = ["--env", "PongNoFrameskip-v4", "--total_steps", "4000", "--xpid", "run"]
+    args += ["--central_inference", "--num_actors", "2", "--envs_per_actor", "8"]
+    result = monobeast(tmp_path, *args)
     assert result.returncode == 0, result.stderr
     out_log = (tmp_path / "run" / "out.log").read_text()
-    assert "--cuda_graphs: no CUDA device here, so updates run eagerly." in out_log
+    assert "The update runs as one CUDA graph" in out_log
 
 
 @cuda

@@ -68,7 +68,7 @@ def default_layouts(cores: int) -> list[tuple[int, int]]:
     layout a run chooses by itself on this machine."""
     actors = sorted({1 << k for k in range(cores.bit_length()) if 1 << k <= cores} | {cores})
     layouts = [(count, ENVS_PER_ACTOR) for count in actors]
-    chosen = default_layout(cores)
+    chosen = default_layout(cores, torch.cuda.is_available())
     return layouts if chosen in layouts else [*layouts, chosen]
 
 

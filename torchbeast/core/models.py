@@ -165,12 +165,17 @@ class Agent(nn.Module):
         return (torch.zeros(shape), torch.zeros(shape))
 
     def forward(
-        self, inputs: dict[str, torch.Tensor], core_state: CoreState = (), *, act: bool = True
+        self,
+        inputs: dict[str, torch.Tensor],
+        core_state: CoreState = (),
+        *,
+        act: bool = True,
+        generator: torch.Generator | None = None,
     ) -> tuple[dict[str, torch.Tensor], CoreState]:
-        """Policy logits, baseline and (with ``act``) an action: sampled in training mode,
-        the most likely in eval mode. The learner, which needs no action, passes
-        ``act=False``; so does PolyBeast's inference, which samples where it can tell
-        which rows are non-finite."""
+        """Policy logits, baseline and (with ``act``) an action: sampled in training mode
+        (from ``generator``, else the default one), the most likely in eval mode. The
+        learner, which needs no action, passes ``act=False``; so does PolyBeast's
+        inference, which samples where it can tell which rows are non-finite."""
         frame = inputs["frame"]  # [T, B, *obs_shape]
         T, B = frame.shape[:2]
         x = frame.flatten(0, 1)
@@ -214,11 +219,23 @@ class Agent(nn.Module):
         )
         if act:
             if self.training:
-                action = torch.multinomial(F.softmax(policy_logits, dim=1), num_samples=1)
+                probabilities = F.softmax(policy_logits, dim=1)
+                action = torch.multinomial(probabilities, num_samples=1, generator=generator)
             else:
                 action = torch.argmax(policy_logits, dim=1)
             outputs["action"] = action.view(T, B)
         return outputs, core_state
+
+
+def sampling_generator(device: torch.device) -> torch.Generator:
+    """A generator of its own, seeded from the process's seed, for inference that samples
+    actions in a thread beside the learner's (central inference, PolyBeast's streams).
+    While the learner captures its update as a CUDA graph (``core.update_graph``), the
+    device's default generator belongs to the capture: a draw from it in another thread
+    fails ("Offset increment outside graph capture")."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed((torch.initial_seed() + 1) % 2**63)  # not the default's draws
+    return generator
 
 
 def default_torso(observation_shape: Sequence[int], use_resnet: bool = False) -> str:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from torchbeast.core import rollout
-from torchbeast.core.models import CoreState, create_model
+from torchbeast.core.models import CoreState, create_model, sampling_generator
 from torchbeast.core.spec import EnvSpec
 from torchbeast.core.weights import copy_weights
 
@@ -106,6 +106,7 @@ class InferenceServer:
             inference_only=True,
         )
         self.model.to(self.device).train()  # samples actions, as an actor's copy does
+        self.generator = sampling_generator(self.device)
         self.slots = slots
         self.fail = fail
         self.lock = threading.Lock()  # the weights: publish, or a forward pass
@@ -179,7 +180,7 @@ class InferenceServer:
             for s in self.slots.core_state
         )
         with self.lock, torch.inference_mode():
-            outputs, core_state = self.model(inputs, core_state)
+            outputs, core_state = self.model(inputs, core_state, generator=self.generator)
         envs = self.slots.inputs["reward"].shape[1]
         for key, shared in self.slots.outputs.items():
             shared.index_copy_(0, rows, outputs[key][0].unflatten(0, (len(actors), envs)).cpu())

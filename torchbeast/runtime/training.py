@@ -92,11 +92,11 @@ class Trainer:
             episode_extras=env_spec.episode_extras,
         )
         self.graph_line = None
-        if settings.learner.cuda_graphs:
-            if self.device.type == "cuda":
+        if self.device.type == "cuda":
+            if settings.learner.cuda_graphs == "auto":
                 self.learner.update_graph = UpdateGraph(self.learner)
             else:
-                self.graph_line = "--cuda_graphs: no CUDA device here, so updates run eagerly."
+                self.graph_line = "Updates run eagerly, not as CUDA graphs (--cuda_graphs off)."
         self.progress = Progress(run, self.total_steps, env_spec)
         self.replay: Replay | None = None
         if settings.replay.replay_size > 0:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from torchbeast.config.poly import PolySettings
-from torchbeast.core.models import CoreState, create_model
+from torchbeast.core.models import CoreState, create_model, sampling_generator
 from torchbeast.core.spec import EnvSpec
 from torchbeast.core.weights import copy_weights
 from torchbeast.runtime.poly.batching import DynamicBatcher, Failed
@@ -34,6 +34,7 @@ class StreamInference:
         copy_weights(inference_model, model)
         self.model = inference_model.to(self.device)
         self.lock = threading.Lock()
+        self.generator = sampling_generator(self.device)
         self.initial_core_state = tuple(s.cpu() for s in inference_model.initial_state(1))
         self.batcher = DynamicBatcher(
             self.infer,
@@ -81,7 +82,9 @@ class StreamInference:
         if not all_finite:  # rare: sample the good rows; the others fail their stream
             logits = torch.where(finite[:, None], logits, 0.0)
         probabilities = torch.softmax(logits, dim=1)
-        outputs["action"] = torch.multinomial(probabilities, num_samples=1).view(1, -1)
+        outputs["action"] = torch.multinomial(probabilities, 1, generator=self.generator).view(
+            1, -1
+        )
         outputs = {key: value.cpu() for key, value in outputs.items()}  # [1, N, ...]
         core_state = tuple(s.cpu() for s in core_state)  # [layers, N, H]
         row_finite = None if all_finite else finite.tolist()
