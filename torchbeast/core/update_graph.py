@@ -22,7 +22,9 @@ What a graph needs, and how it gets it:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import warnings
 
 import torch
 
@@ -33,6 +35,16 @@ log = logging.getLogger("torchbeast")
 
 # How far a graphed update may land from the eager one, relative to the weights' change.
 AGREEMENT = 1e-3
+
+
+@contextlib.contextmanager
+def quiet_stream_mismatch():
+    """Without autograd's warning (seen on an H200) that a gradient accumulator made on the
+    default stream meets the side stream a capture needs: it costs a synchronisation, not a
+    wrong result, and the first graphed update is checked against an eager one anyway."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The AccumulateGrad node's stream")
+        yield
 
 
 class UpdateGraph:
@@ -97,7 +109,7 @@ class UpdateGraph:
         # graphs need, then take its update back.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), quiet_stream_mismatch():
             learner.device_update(self.batch, self.core_state, None)
         torch.cuda.current_stream().wait_stream(side)
         before.restore()
@@ -107,7 +119,10 @@ class UpdateGraph:
         try:  # the graph reads the rate from self.lr, which each replay fills
             for group in groups:
                 group["lr"] = self.lr
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with (
+                torch.cuda.graph(graph, capture_error_mode="thread_local"),
+                quiet_stream_mismatch(),
+            ):
                 self.output = learner.device_update(self.batch, self.core_state, None)
         finally:
             for group, rate in zip(groups, rates, strict=True):
