@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# One visit to a GPU machine (16 cores, one NVIDIA GPU), in one call: the CUDA graph's
-# tests (central inference sampling beside a capture included), the scaling table on CUDA
-# for the layouts that take inference off the actors' cores (central inference, 16 envs per
-# actor) and for a halved batch, then Pong from scratch with the defaults and the fastest
-# row's flags for the rest of the time. Everything it measures lands in $OUT.
+# One visit to a GPU machine (16 cores, one NVIDIA GPU), in one call: whether the actors'
+# CPU forward pass runs faster in bf16 there (`--precision auto`: bf16 on a CPU with
+# native bf16, the learner's GPU staying fp32), then Pong from scratch in two seeds, each
+# stopped at a 100-episode mean of +18 or 2.5M steps or its share of the time, with the
+# defaults, PONG_FLAGS, and `--precision auto` where that row was 10% faster. Everything it
+# measures lands in $OUT.
 #
-#     OUT=/tmp/visit bash scripts/gpu_visit.sh [SECONDS]   # from the repository's root
+#     OUT=/tmp/visit PONG_FLAGS="..." bash scripts/gpu_visit.sh [SECONDS]   # from the root
 #
-# SECONDS (default 550) bounds the whole visit; the Pong run gets what the rest leaves (none
-# under a minute). Wheels in .whl/ (gymnasium, ale-py, farama-notifications) are installed
-# first where the machine lacks them. SMALL=1 shrinks every run, to try the script on a
-# machine without a GPU. Earlier visits' logs: docs/runs/gpu_h200_visit*.log.
+# SECONDS (default 550) bounds the whole visit. Wheels in .whl/ (gymnasium, ale-py,
+# farama-notifications) are installed first where the machine lacks them. SMALL=1 shrinks
+# every run, to try the script on a machine without a GPU. Earlier visits' logs:
+# docs/runs/gpu_h200_visit*.log.
 set -u
 started=$(date +%s)
 budget=${1:-550}
@@ -28,101 +29,100 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 elapsed() { echo $(($(date +%s) - started)); }
 
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
-echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo)"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo);" \
+    "bf16 flags: $(grep -m1 -o 'amx_bf16\|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 $PY -c "import torch, gymnasium, ale_py; print('torch', torch.__version__, \
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA', \
 'gymnasium', gymnasium.__version__, 'ale-py', ale_py.__version__)" || exit 1
 
-devices=cuda warmup=10000 steps=40000 wide=16x16 narrow=16x8 central="16x8 32x8"
+devices=cuda warmup=10000 steps=40000 layout=16x8 cap=2500000
 if [ "${SMALL:-0}" = 1 ]; then
-    devices=cpu warmup=500 steps=1000 wide=1x16 narrow=1x8 central="1x8 2x8"
+    devices=cpu warmup=500 steps=1000 layout=1x8 cap=3000
 fi
 
-echo "== $(elapsed) s: the CUDA graph's own tests, central inference beside a capture"
-$PY -m pytest -q -p no:cacheprovider tests/test_update_graph.py 2>&1 | tail -3
-
-# The scaling table: one benchmark process per row, each table's rows in one JSON file;
-# each row's batch grown with its envs, as training grows it, and updates as CUDA graphs
-# (the default). Visit 2 measured 16 x 8 at 10,863 SPS, bound by the actors' CPU (env
-# 0.66 + inference 0.57 ms per step per core): the rows below take inference off them,
-# or batch it over more envs, or halve the batch.
+# The scaling table: the machine's own layout, the actors in fp32 (the default) and in
+# what --precision auto gives them.
 table() {  # NAME, then flags for every row of it
     local name=$1
     shift
     echo "== $(elapsed) s: table $name: $*"
     $PY -m torchbeast.scaling --devices $devices --warmup_steps $warmup --bench_steps $steps \
-        --json "$work/tables/$name.json" "$@"
+        --json "$work/tables/$name.json" --layouts $layout "$@"
 }
-table central --central_inference --layouts $central
-table wide --layouts $wide
-table b32 --batch_size 32 --learning_rate 0.00099 --layouts $narrow
+table fp32
+table auto --precision auto
 tar -czf "$out/tables.tar.gz" -C "$work" tables
-
-# The fastest row's flags (none where the defaults' own layout was the fastest).
-flags=$($PY - "$work/tables" "$(nproc)" <<'EOF'
+precision=$($PY - "$work/tables" <<'EOF'
 import json, sys
-import torch
-from torchbeast.config.resolvers import default_layout
-best, own = None, default_layout(int(sys.argv[2]), torch.cuda.is_available())
-tables = {"central": "--central_inference", "wide": "", "b32": "--batch_size 32 --learning_rate 0.00099"}
-for name, extra in tables.items():
+sps = {}
+for name in ("fp32", "auto"):
     try:
-        rows = json.load(open(f"{sys.argv[1]}/{name}.json"))
-    except (OSError, ValueError):
-        continue
-    for row in rows:
-        layout = "" if (row["actors"], row["envs"]) == own else f"--num_actors {row['actors']} --envs_per_actor {row['envs']}"
-        if "sps" in row and (best is None or row["sps"] > best[0]):
-            best = (row["sps"], f"{extra} {layout}".strip())
-print(best[1] if best else "")
+        sps[name] = json.load(open(f"{sys.argv[1]}/{name}.json"))[0]["sps"]
+    except (OSError, ValueError, KeyError, IndexError):
+        sps[name] = 0
+print("--precision auto" if sps["auto"] >= 1.1 * max(sps["fp32"], 1) else "")
 EOF
 )
 
-# Pong from scratch with the defaults and the fastest row's flags, stopped by SIGTERM
-# when the visit's time is up (the run checkpoints and says where it got).
-left=$((budget - $(elapsed) - 15))
-[ "${SMALL:-0}" = 1 ] && left=40
-if [ "$left" -lt 60 ]; then
-    echo "== $(elapsed) s: no time left for Pong"
-    exit 0
-fi
-echo "== $(elapsed) s: Pong for ${left} s with the defaults and: ${flags:-nothing else}"
-pong_started=$(date +%s.%N)
-run="$work/runs/pong_gpu"
-(  # the run's logs reach $OUT as it goes, in case the visit is cut short
-    while sleep 20; do
-        gzip -c "$run/logs.csv" >"$out/pong_logs.csv.gz" 2>/dev/null
-        cp "$run/out.log" "$out/pong_out.log" 2>/dev/null
-    done
-) &
-copier=$!
-timeout -s TERM "$left" $PY -m torchbeast.monobeast --env PongNoFrameskip-v4 --seed 1 \
-    --xpid pong_gpu --savedir "$work/runs" $flags
-rc=$?
-kill $copier
-gzip -c "$run/logs.csv" >"$out/pong_logs.csv.gz"
-cp "$run/out.log" "$out/pong_out.log"; cp "$run/meta.json" "$out/pong_meta.json"
-echo "== $(elapsed) s: Pong ended (exit $rc)"
-$PY - "$run" "$pong_started" <<'EOF'
-import csv, sys
-folder, started = sys.argv[1], float(sys.argv[2])
-with open(f"{folder}/logs.csv") as file:
-    lines = csv.reader(file)
-    names = [name.lstrip("# ") for name in next(lines)]
-    rows = [dict(zip(names, line)) for line in lines]
-print(f"{len(rows)} updates logged; first {float(rows[0]['_time']) - started:.0f} s after the start")
-best, said = float("-inf"), set()
-for row in rows:
-    mean = float(row["mean_return_last_100"] or "nan")
-    best = max(best, mean) if mean == mean else best
-    for bar in (-10, 0, 10, 18):
-        if mean >= bar and bar not in said:
-            said.add(bar)
-            seconds = float(row["_time"]) - started
-            print(f"100-episode mean >= {bar}: step {row['step']}, {seconds:.0f} s after the start")
-last = rows[-1]
-print(f"last: step {last['step']}, 100-episode mean {last['mean_return_last_100']}, best {best}, "
-      f"policy lag {last['policy_lag']}")
+# Pong from scratch, two seeds, each stopped (SIGTERM: it checkpoints and says where it
+# got) at a 100-episode mean of +18, at the step cap, or when its share of the time is up.
+pong() {  # SEED SECONDS
+    local seed=$1 seconds=$2 run="$work/runs/pong_seed$1"
+    echo "== $(elapsed) s: Pong seed $seed for at most $seconds s, with the defaults and:" \
+        "${PONG_FLAGS:-} $precision"
+    local pong_started
+    pong_started=$(date +%s.%N)
+    timeout -s TERM "$seconds" $PY -m torchbeast.monobeast --env PongNoFrameskip-v4 \
+        --seed "$seed" --xpid "pong_seed$seed" --savedir "$work/runs" ${PONG_FLAGS:-} $precision &
+    local pid=$!
+    $PY - "$run/logs.csv" "$pid" "$cap" "$pong_started" "$out/pong_seed$seed" <<'EOF' &
+import csv, os, shutil, signal, subprocess, sys, time
+path, pid, cap, started, keep = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+said, names, last_copy = set(), None, 0.0
+def rows():
+    with open(path) as file:
+        lines = csv.reader(file)
+        header = [name.lstrip("# ") for name in next(lines)]
+        return [dict(zip(header, line)) for line in lines]
+while True:
+    time.sleep(2)
+    alive = os.path.exists(f"/proc/{pid}")
+    try:
+        table = rows()
+    except (OSError, StopIteration):
+        table = []
+    stop = False
+    for row in table:
+        mean = float(row["mean_return_last_100"] or "nan")
+        for bar in (-10, 0, 10, 18):
+            if mean >= bar and bar not in said:
+                said.add(bar)
+                print(f"{os.path.basename(keep)}: 100-episode mean >= {bar}: step {row['step']}, "
+                      f"{float(row['_time']) - started:.0f} s after the start", flush=True)
+        stop = stop or mean >= 18 or int(row["step"]) >= cap
+    if table and (time.time() - last_copy > 20 or not alive or stop):
+        last_copy = time.time()
+        subprocess.run(f"gzip -c {path} > {keep}_logs.csv.gz", shell=True)
+        for name in ("out.log", "meta.json"):
+            if os.path.exists(os.path.join(os.path.dirname(path), name)):
+                shutil.copy(os.path.join(os.path.dirname(path), name), f"{keep}_{name}")
+    if stop and alive:
+        os.kill(pid, signal.SIGTERM)
+    if not alive:
+        last = table[-1] if table else {}
+        print(f"{os.path.basename(keep)}: ended at step {last.get('step')}, 100-episode mean "
+              f"{last.get('mean_return_last_100')}, policy lag {last.get('policy_lag')}", flush=True)
+        break
 EOF
+    local watcher=$!
+    wait "$pid"
+    wait "$watcher"
+}
+left=$((budget - $(elapsed) - 20))
+[ "${SMALL:-0}" = 1 ] && left=120
+pong 1 $((left / 2))
+left=$((budget - $(elapsed) - 15))
+[ "${SMALL:-0}" = 1 ] && left=60
+pong 2 "$left"
 echo "== $(elapsed) s: done"
