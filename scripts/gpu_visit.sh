@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# One visit to a GPU machine (16 cores, one NVIDIA GPU), in one call: whether the actors'
-# CPU forward pass runs faster in bf16 there (`--precision auto`: bf16 on a CPU with
-# native bf16, the learner's GPU staying fp32), then Pong from scratch in two seeds, each
-# stopped at a 100-episode mean of +18 or 2.5M steps or its share of the time, with the
-# defaults, PONG_FLAGS, and `--precision auto` where that row was 10% faster. Everything it
-# measures lands in $OUT.
+# One visit to a GPU machine (16 cores, one NVIDIA GPU), in one call. The actors' CPU bounds
+# the recipe there now (visit 3: 16 x 8 at 10,863 SPS, env 0.66 + forward pass 0.57 ms per
+# step per core), so the table tries what takes the forward pass off them or makes it
+# cheaper: bf16 on a CPU with native bf16 (`--precision auto`; the learner's GPU stays
+# fp32), and central inference (its passes now on a CUDA stream of their own). Then Pong
+# from scratch in two seeds, each stopped at a 100-episode mean of +18, 2.5M steps or its
+# share of the time, with the defaults, PONG_FLAGS, and the fastest row's flags where that
+# row beat the defaults' by 10%. Everything it measures lands in $OUT.
 #
 #     OUT=/tmp/visit PONG_FLAGS="..." bash scripts/gpu_visit.sh [SECONDS]   # from the root
 #
@@ -36,32 +38,40 @@ $PY -c "import torch, gymnasium, ale_py; print('torch', torch.__version__, \
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA', \
 'gymnasium', gymnasium.__version__, 'ale-py', ale_py.__version__)" || exit 1
 
-devices=cuda warmup=10000 steps=40000 layout=16x8 cap=2500000
+devices=cuda warmup=10000 steps=40000 layout=16x8 wide=32x8 cap=2500000
 if [ "${SMALL:-0}" = 1 ]; then
-    devices=cpu warmup=500 steps=1000 layout=1x8 cap=3000
+    devices=cpu warmup=500 steps=1000 layout=1x8 wide=2x8 cap=3000
 fi
 
-# The scaling table: the machine's own layout, the actors in fp32 (the default) and in
-# what --precision auto gives them.
-table() {  # NAME, then flags for every row of it
-    local name=$1
-    shift
+# The scaling table: the machine's own layout with the defaults, then each lever.
+table() {  # NAME, LAYOUTS, then flags for every row of it
+    local name=$1 layouts=$2
+    shift 2
     echo "== $(elapsed) s: table $name: $*"
     $PY -m torchbeast.scaling --devices $devices --warmup_steps $warmup --bench_steps $steps \
-        --json "$work/tables/$name.json" --layouts $layout "$@"
+        --json "$work/tables/$name.json" --layouts $layouts "$@"
 }
-table fp32
-table auto --precision auto
+table defaults "$layout"
+table bf16_actors "$layout" --precision auto
+table central "$layout $wide" --central_inference
 tar -czf "$out/tables.tar.gz" -C "$work" tables
-precision=$($PY - "$work/tables" <<'EOF'
+faster=$($PY - "$work/tables" "$layout" <<'EOF'
 import json, sys
-sps = {}
-for name in ("fp32", "auto"):
+levers = {"defaults": "", "bf16_actors": "--precision auto", "central": "--central_inference"}
+own, rows = tuple(int(n) for n in sys.argv[2].split("x")), []
+for name, flags in levers.items():
     try:
-        sps[name] = json.load(open(f"{sys.argv[1]}/{name}.json"))[0]["sps"]
-    except (OSError, ValueError, KeyError, IndexError):
-        sps[name] = 0
-print("--precision auto" if sps["auto"] >= 1.1 * max(sps["fp32"], 1) else "")
+        for row in json.load(open(f"{sys.argv[1]}/{name}.json")):
+            if "sps" in row:
+                layout = (row["actors"], row["envs"])
+                if layout != own:
+                    flags += f" --num_actors {layout[0]} --envs_per_actor {layout[1]}"
+                rows.append((row["sps"], flags.strip(), name))
+    except (OSError, ValueError):
+        pass
+base = max([sps for sps, _, name in rows if name == "defaults"] or [1])
+best = max(rows, default=(0, "", ""))
+print(best[1] if best[0] >= 1.1 * base else "")
 EOF
 )
 
@@ -70,11 +80,11 @@ EOF
 pong() {  # SEED SECONDS
     local seed=$1 seconds=$2 run="$work/runs/pong_seed$1"
     echo "== $(elapsed) s: Pong seed $seed for at most $seconds s, with the defaults and:" \
-        "${PONG_FLAGS:-} $precision"
+        "${PONG_FLAGS:-} $faster"
     local pong_started
     pong_started=$(date +%s.%N)
     timeout -s TERM "$seconds" $PY -m torchbeast.monobeast --env PongNoFrameskip-v4 \
-        --seed "$seed" --xpid "pong_seed$seed" --savedir "$work/runs" ${PONG_FLAGS:-} $precision &
+        --seed "$seed" --xpid "pong_seed$seed" --savedir "$work/runs" ${PONG_FLAGS:-} $faster &
     local pid=$!
     $PY - "$run/logs.csv" "$pid" "$cap" "$pong_started" "$out/pong_seed$seed" <<'EOF' &
 import csv, os, shutil, signal, subprocess, sys, time

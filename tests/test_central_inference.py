@@ -61,10 +61,22 @@ def test_the_server_answers_each_actor_with_the_models_outputs_for_its_own_envs(
     assert failures == []
 
 
-def test_published_weights_are_the_ones_the_next_answers_use():
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_published_weights_are_the_ones_the_next_answers_use(device):
+    """On a GPU the server's forward passes run on a stream of their own: a pass after a
+    publish still sees the weights published."""
     torch.manual_seed(0)
     config = dict(LSTM, use_lstm=False)
-    learner_model = create_model(config, SPEC.observation_shape, SPEC.num_actions)
+    learner_model = create_model(config, SPEC.observation_shape, SPEC.num_actions).to(device)
     slots = InferenceSlots.allocate(SPEC, learner_model, num_actors=1, envs_per_actor=2)
     slots.inputs["frame"].normal_()
     server = InferenceServer(learner_model, config, SPEC, slots, lambda message: None)
@@ -73,6 +85,8 @@ def test_published_weights_are_the_ones_the_next_answers_use():
     with torch.no_grad():
         learner_model.baseline.bias.add_(1.0)
         learner_model.policy_version.fill_(3)
+        if device == "cuda":  # the learner's stream busy a while before the publish
+            torch.cuda._sleep(50_000_000)
     server.infer([0])
     assert torch.equal(slots.outputs["baseline"], first)  # not published yet
     server.publish(learner_model)

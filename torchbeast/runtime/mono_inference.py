@@ -16,6 +16,7 @@ dead actor closes its pipe and the server forgets it; its replacement brings a n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing.connection
 import threading
@@ -107,6 +108,9 @@ class InferenceServer:
         )
         self.model.to(self.device).train()  # samples actions, as an actor's copy does
         self.generator = sampling_generator(self.device)
+        # On a GPU, inference queues its copies and forward passes on a stream of its own,
+        # not behind the learner's update and batch copies on the default stream.
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.slots = slots
         self.fail = fail
         self.lock = threading.Lock()  # the weights: publish, or a forward pass
@@ -121,6 +125,8 @@ class InferenceServer:
         """Copies the learner's new weights in, between two forward passes."""
         with self.lock:
             copy_weights(self.model, model)
+            if self.stream is not None:  # the next forward pass waits for this copy
+                self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
     def add(self, actor_index: int, conn: Connection) -> None:
         """Serves a (new) actor from now on."""
@@ -170,6 +176,12 @@ class InferenceServer:
     def infer(self, actors: list[int]) -> None:
         """One forward pass for the requests of ``actors``; their rows get the outputs."""
         self.batch_sizes[len(actors)] = self.batch_sizes.get(len(actors), 0) + 1
+        with (
+            torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        ):
+            self._infer(actors)
+
+    def _infer(self, actors: list[int]) -> None:
         rows = torch.tensor(actors)
         inputs = {  # [1, N x E, ...]
             key: value.index_select(0, rows).flatten(0, 1)[None].to(self.device)
