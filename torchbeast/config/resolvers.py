@@ -10,8 +10,6 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 
-import torch
-
 from torchbeast.config.layers import DEFAULT
 
 # Where each flag's value came from ("default", "command line", a preset, ...: ``layers``).
@@ -41,8 +39,13 @@ def default_layout(cores: int, gpu: bool = False) -> tuple[int, int]:
 
 
 def learner_on_gpu(flags: argparse.Namespace) -> bool:
-    """Whether the learner will run on a GPU (as the trainer decides it)."""
-    return not flags.disable_cuda and torch.cuda.is_available()
+    """Whether the learner will run on a GPU (as the trainer decides it). Asks torch only
+    then: the flags and settings import no torch (``--help``, the settings' tests)."""
+    if flags.disable_cuda:
+        return False
+    import torch  # noqa: PLC0415 - see above
+
+    return torch.cuda.is_available()
 
 
 def resolve_layout(
