@@ -58,10 +58,10 @@ def test_layout_flags_win_over_the_machines_layout():
 
 @pytest.mark.parametrize(
     "envs, batch, learning_rate",
-    [(1, 16, 0.0007), (16, 16, 0.0007), (24, 16, 0.0007), (32, 32, 0.00099), (48, 48, 0.00121)]
-    + [(64, 64, 0.0014), (120, 64, 0.0014), (1024, 64, 0.0014)],
+    [(1, 16, 0.0007), (16, 16, 0.0007), (24, 16, 0.0007), (32, 32, 0.00099), (48, 32, 0.00099)]
+    + [(64, 32, 0.00099), (128, 32, 0.00099), (1024, 32, 0.00099)],
 )
-def test_the_batch_grows_with_the_envs_up_to_64_and_its_rate_with_the_square_root(
+def test_the_batch_grows_with_the_envs_up_to_32_and_its_rate_with_the_square_root(
     envs, batch, learning_rate
 ):
     grown_size, grown_rate = grown_batch(envs)
@@ -69,7 +69,7 @@ def test_the_batch_grows_with_the_envs_up_to_64_and_its_rate_with_the_square_roo
     assert grown_rate == learning_rate  # three significant digits
 
 
-@pytest.mark.parametrize("cores, batch", [(2, 16), (4, 16), (8, 32), (16, 64)])
+@pytest.mark.parametrize("cores, batch", [(2, 16), (4, 16), (8, 32), (16, 32)])
 def test_the_machines_layout_takes_the_batch_grown_with_its_envs(monkeypatch, cores, batch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)))
     flags, sources = parse_flags_and_sources([])

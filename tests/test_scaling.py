@@ -54,8 +54,8 @@ def test_the_recipe_is_the_training_defaults():
 
 def test_each_row_takes_the_batch_training_grows_with_its_envs_unless_flags_set_it():
     grown = recipe_arguments(64)
-    assert grown[grown.index("--batch_size") + 1] == "64"
-    assert grown[grown.index("--learning_rate") + 1] == "0.0014"
+    assert grown[grown.index("--batch_size") + 1] == "32"
+    assert grown[grown.index("--learning_rate") + 1] == "0.00099"
     for given in (["--batch_size", "8"], ["--unroll_length=20"], ["--learning_rate", "1e-3"]):
         kept = recipe_arguments(64, given)
         assert kept[kept.index("--batch_size") + 1] == "16", given

@@ -69,17 +69,17 @@ def resolve_layout(
     return dict(num_actors=num_actors, envs_per_actor=envs_per_actor or 1, layout_source=source)
 
 
-# The learner's batch grows with the environments, so that a rollout's policy is as many
-# updates old when it is learnt from as in the runs that validated the recipe (2 cores: 16
-# envs, B=16, policy lag ~4; a learner that waits for no one holds about two rollouts per
-# env, so the lag goes as envs / B). B is 16 per 16 envs, up to 64, the largest tried
-# (Pong, 2 x 32 envs, two seeds: +18 at 1.54M steps, and 15.4 at 2.5M; CartPole and MinAtar
-# Breakout passed their checks: docs/benchmarks.md). RMSprop's steps have the size its rate
-# sets, whatever the batch, so a batch k times larger takes k times fewer steps of the same
-# size: the rate grows with sqrt(k). A bigger batch also spreads the learner's fixed cost
-# per update (on an H200: 23-37 ms for B=16 to 64) over more steps.
+# The learner's batch grows with the environments, so that a rollout's policy is about as
+# many updates old when it is learnt from as in the runs that validated the recipe (2 cores:
+# 16 envs, B=16, policy lag ~4; the lag goes as envs / B). B is 16 per 16 envs, up to 32.
+# RMSprop's steps have the size its rate sets, whatever the batch, so a batch k times larger
+# takes k times fewer steps of the same size: the rate grows with sqrt(k). Why 32 and not
+# more (docs/benchmarks.md): on Pong with 128 envs, B=32 reached +18 at 1.47M steps, inside
+# the defaults' 1.17-1.86M, where B=64 took 1.54M, more than 2.5M and 3.75M in three runs;
+# and with the update as one CUDA graph, B=32 runs as fast as B=64 on an H200 (11,070 and
+# 10,863 SPS at 16 x 8).
 RECIPE = dict(batch_size=16, unroll_length=5, learning_rate=0.0007)
-MAX_GROWN_BATCH = 64
+MAX_GROWN_BATCH = 32
 
 
 def grown_batch(envs: int) -> tuple[int, float]:

@@ -119,7 +119,7 @@ class LearnerSettings:
     batch_size: int = flag(
         16,
         "Learner batch size (with 32 or more envs in all, and none of --batch_size, "
-        "--learning_rate, --unroll_length given: 16 per 16 envs, up to 64).",
+        "--learning_rate, --unroll_length given: 32, with its learning rate 0.00099).",
         metavar="B",
         check="positive",
         group=TRAINING,
