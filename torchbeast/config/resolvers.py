@@ -74,8 +74,8 @@ def resolve_layout(
 # 16 envs, B=16, policy lag ~4; the lag goes as envs / B). B is 16 per 16 envs, up to 32.
 # RMSprop's steps have the size its rate sets, whatever the batch, so a batch k times larger
 # takes k times fewer steps of the same size: the rate grows with sqrt(k). Why 32 and not
-# more (docs/benchmarks.md): on Pong with 128 envs, B=32 reached +18 at 1.47M steps, inside
-# the defaults' 1.17-1.86M, where B=64 took 1.54M, more than 2.5M and 3.75M in three runs;
+# more (docs/benchmarks.md): on Pong with 128 envs, B=32 reached +18 at 1.47M and 1.70M
+# steps, inside the defaults' 1.17-1.86M, where B=64 took 1.54M, >2.5M and 3.75M;
 # and with the update as one CUDA graph, B=32 runs as fast as B=64 on an H200 (11,070 and
 # 10,863 SPS at 16 x 8).
 RECIPE = dict(batch_size=16, unroll_length=5, learning_rate=0.0007)
