@@ -2,6 +2,8 @@
 and episode bookkeeping, on the real games (ale-py's ROMs), CartPole and MinAtar."""
 
 import itertools
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -350,6 +352,18 @@ def test_unknown_id_names_it_and_says_how_to_list_ids(env_id):
 def test_unknown_minatar_id_says_how_to_install_minatar():
     with pytest.raises(EnvError, match="pip install MinAtar"):
         create_env("MinAtar/NoSuchGame-v1")
+
+
+def test_only_a_minatar_id_imports_minatar():
+    """MinAtar's package imports matplotlib and seaborn (a second per process): a run of
+    another env, its learner and each of its actors, goes without it."""
+    program = (
+        "import sys; from torchbeast.envs import create_env; "
+        "create_env('CartPole-v1').close(); print('minatar' in sys.modules); "
+        "create_env('MinAtar/Breakout-v1').close(); print('minatar' in sys.modules)"
+    )
+    shown = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert shown.stdout.split() == ["False", "True"], shown.stderr
 
 
 def test_a_large_seed_stays_within_ales_32_bit_seeds(make_env):

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import gymnasium as gym
 
 from torchbeast.envs.family import EnvFamily, Preset
+from torchbeast.envs.registry import MINATAR_PREFIX
 
 GRID_TORSO = Preset(
     "MinAtar",
@@ -34,7 +35,7 @@ class MinAtarFamily(EnvFamily):
         return None  # every id of the family trains
 
     def takes(self, env_id: str, spec: gym.envs.registration.EnvSpec) -> bool:
-        return spec.id.startswith("MinAtar/")
+        return spec.id.startswith(MINATAR_PREFIX)
 
     def known_presets(self) -> list[Preset]:
         return [GRID_TORSO, SPACE_INVADERS]

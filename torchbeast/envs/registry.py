@@ -12,6 +12,7 @@ import gymnasium as gym
 from torchbeast.core.errors import UserError
 
 LIST_IDS_HINT = "list valid ids with: python -m torchbeast.envs"
+MINATAR_PREFIX = "MinAtar/"  # the ids MinAtar registers
 
 
 class EnvError(UserError, ValueError):
@@ -21,7 +22,11 @@ class EnvError(UserError, ValueError):
 _registering = threading.Lock()
 
 
-def _register_optional_envs() -> None:
+def _register_optional_envs(with_minatar: bool = True) -> None:
+    """Registers ale-py's Atari ids, PixelCue and (``with_minatar``) MinAtar's ids.
+
+    MinAtar's package imports matplotlib and seaborn for its display, a second of CPU in
+    every process that imports it (the learner and each actor): runs of other envs skip it."""
     # Under a lock: an env client process creates its envs from several threads at once,
     # and gymnasium's registry is a plain dict (a concurrent registration raised
     # "dictionary changed size during iteration" and stopped every client of the process).
@@ -32,6 +37,8 @@ def _register_optional_envs() -> None:
 
         gym.register_envs(ale_py)
         cue.register()
+        if not with_minatar:
+            return
         try:
             import minatar.gym
         except ImportError:
@@ -42,8 +49,8 @@ def _register_optional_envs() -> None:
 
 def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     """The registered spec of ``env_id``; ``module:Id`` imports ``module`` first."""
-    _register_optional_envs()
     module, _, name = env_id.rpartition(":")
+    _register_optional_envs(with_minatar=name.startswith(MINATAR_PREFIX))
     try:
         if module:
             importlib.import_module(module)
@@ -51,7 +58,7 @@ def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     except ImportError as error:
         raise EnvError(f"cannot import {module!r} for environment {env_id!r} ({error})") from None
     except gym.error.Error as error:
-        hint = "install it with: pip install MinAtar; " if env_id.startswith("MinAtar/") else ""
+        hint = "install it with: pip install MinAtar; " if name.startswith(MINATAR_PREFIX) else ""
         raise EnvError(
             f"unknown environment id {env_id!r} ({error}); {hint}{LIST_IDS_HINT}"
         ) from None
