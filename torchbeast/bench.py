@@ -56,14 +56,14 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
         return
     stages_before = trainer.stage_totals()  # CPU seconds by stage
     start_time, start_step, start_cpu = time.monotonic(), learner.step, time.process_time()
-    start_updating = trainer.update_seconds
+    start_updating = trainer.update_seconds()
     gpu = GpuSampler(trainer.device)
     while learner.step < start_step + bench_steps and not trainer.stop_requested.is_set():
         gpu.sample()
         time.sleep(0.05)
     elapsed = time.monotonic() - start_time
     learner_cpu = time.process_time() - start_cpu
-    learner_busy = (trainer.update_seconds - start_updating) / elapsed
+    learner_busy = (trainer.update_seconds() - start_updating) / elapsed
     steps = learner.step - start_step
     if steps == 0:
         return

@@ -116,8 +116,10 @@ class Trainer:
         self.failure_lock = threading.Lock()
         # Updates (and logging them, so that logs.csv keeps step order) one at a time.
         self.update_lock = threading.Lock()
-        # Wall-clock seconds spent in updates (and logging them): how busy the learner is.
-        self.update_seconds = 0.0
+        # Wall-clock seconds spent in updates (and logging them), and when the update under
+        # way began (None between updates): how busy the learner is. One tuple, replaced
+        # whole, so that a reader in another thread never sees half of a change.
+        self.updating: tuple[float, float | None] = (0.0, None)
         self.pool: Pool | None = None
         self.batch_order_lock = threading.Lock()
 
@@ -137,6 +139,11 @@ class Trainer:
         """Threads of the learner process that run ops at the same time: the updates (the
         learner threads take turns)."""
         return 1
+
+    def update_seconds(self) -> float:
+        """Wall-clock seconds spent updating so far, the update under way up to now."""
+        done, since = self.updating
+        return done + (time.perf_counter() - since if since is not None else 0.0)
 
     def actor_layout(self) -> str:
         """Who steps the environments, in words."""
@@ -167,16 +174,17 @@ class Trainer:
                 # Updates are serialised anyway; logging inside keeps logs.csv in step order.
                 with self.update_lock:
                     started = time.perf_counter()
+                    self.updating = (self.updating[0], started)
                     try:
                         stats = self.learner.learn(batch, core_state, num_online)
+                        self.progress.record(stats, episode_returns, episode_extras)
+                        writer.log(stats | self.progress.figures())
                     except NonFiniteLossError as error:
                         if not pool.drops_bad_batches:
                             raise
                         self.drop_batch(pool, batch, core_state, sources, error)
-                        continue
-                    self.progress.record(stats, episode_returns, episode_extras)
-                    writer.log(stats | self.progress.figures())
-                    self.update_seconds += time.perf_counter() - started
+                    finally:
+                        self.updating = (self.updating[0] + time.perf_counter() - started, None)
             # Done: the other learner threads may be waiting for rollouts that never come.
             self.stop_requested.set()
         except BaseException as error:  # surfaced by the main thread, not swallowed
