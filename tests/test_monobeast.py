@@ -383,6 +383,8 @@ def test_actors_that_keep_dying_stop_training_with_one_line(tmp_path):
         *SMALL_RUN,
         "--env",
         "tests.envs_for_tests:SelfKilling-v0",
+        "--num_actors",
+        "1",  # the budget is per actor: one actor's 3 deaths a minute end the run soonest
         "--total_steps",
         "1000000",
         "--xpid",
