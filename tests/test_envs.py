@@ -362,7 +362,9 @@ def test_only_a_minatar_id_imports_minatar():
         "create_env('CartPole-v1').close(); print('minatar' in sys.modules); "
         "create_env('MinAtar/Breakout-v1').close(); print('minatar' in sys.modules)"
     )
-    shown = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    shown = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120
+    )
     assert shown.stdout.split() == ["False", "True"], shown.stderr
 
 
