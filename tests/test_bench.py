@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.test_polybeast import REPO
-from torchbeast.bench import bound_by, epochs_text
+from torchbeast.bench import bound_by, central_inference_figures, epochs_text
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.parsers import make_bench_parser
 
@@ -94,3 +94,48 @@ def test_idle_cores_and_a_waiting_learner_mean_too_few_actors():
     assert bound_by(figures(1000, [0.5, 0.45, 0.1, 0.25], 0.3, cores=16)) == (
         "actors (cores idle, learner waiting)"
     )
+
+
+def test_a_busy_central_inference_thread_bounds_the_run():
+    # The learner idles and half the cores too: the actors wait for their actions.
+    waiting = figures(8000, [0.68, 0.05, 0.08, 0.16], 0.2, cores=16)
+    busy = waiting | {"inference": dict(busy=0.95)}
+    assert bound_by(busy) == "central inference (its thread busy 95%)"
+    assert bound_by(waiting | {"inference": dict(busy=0.5)}) == (
+        "actors (cores idle, learner waiting)"
+    )
+
+
+def test_central_inference_figures_are_those_of_the_window():
+    before = dict(waiting=5.0, gather=1.0, forward=2.0, answer=0.5, cpu=3.0, passes=100)
+    before |= {"return": 1.0, "actors": 300}
+    # 10 s later: 200 passes of 4 actors, 8 s of them busy, on 6 s of CPU.
+    after = dict(waiting=7.0, gather=2.0, forward=6.0, answer=1.0, cpu=9.0, passes=300)
+    after |= {"return": 3.5, "actors": 1100}
+    got = central_inference_figures(before, after, elapsed=10.0)
+    assert got["busy"] == pytest.approx(0.8)
+    assert got["cpu_cores"] == pytest.approx(0.6)
+    assert got["actors_per_pass"] == pytest.approx(4.0)
+    assert got["ms_per_pass"] == pytest.approx(
+        {"gather": 5.0, "forward": 20.0, "return": 12.5, "answer": 2.5}
+    )
+
+
+def test_bench_reports_what_the_central_inference_thread_did(tmp_path):
+    path = tmp_path / "bench.json"
+    command = [sys.executable, "-m", "torchbeast.bench", *SMALL, "--central_inference"]
+    command += ["--json", str(path)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    line = re.search(
+        r"central inference: busy ([0-9]+)% of the time, ([0-9.]+) cores of CPU, ([0-9.]+) "
+        r"actors per pass; ms per pass: gather ([0-9.]+), forward ([0-9.]+), return "
+        r"([0-9.]+), answer ([0-9.]+)",
+        result.stdout,
+    )
+    assert line is not None, result.stdout
+    figures = json.loads(path.read_text())["inference"]
+    assert 0 < figures["busy"] <= 1 and figures["cpu_cores"] > 0
+    assert 1 <= figures["actors_per_pass"] <= 2  # 2 actors
+    assert figures["ms_per_pass"]["forward"] > 0
+    assert f"{100 * figures['busy']:.0f}" == line.group(1)

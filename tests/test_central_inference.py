@@ -3,6 +3,7 @@ actor's actions in one batched forward pass; real actor processes, real environm
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ from tests.test_monobeast import (
 )
 from torchbeast.core.models import create_model
 from torchbeast.core.spec import EnvSpec
-from torchbeast.runtime.mono_inference import InferenceServer, InferenceSlots
+from torchbeast.runtime.mono_inference import PASS_PARTS, InferenceServer, InferenceSlots
 
 SPEC = EnvSpec("CartPole-v1", (4,), np.dtype(np.float32), 2)
 LSTM = dict(kind="mlp", hidden_size=8, num_layers=1, use_lstm=True)
@@ -59,6 +60,53 @@ def test_the_server_answers_each_actor_with_the_models_outputs_for_its_own_envs(
         assert torch.equal(value[1], before[key][1])
     assert torch.equal(slots.core_state[0][1], states_before[0][1])
     assert failures == []
+
+
+def test_each_pass_answers_only_its_own_actors_from_the_rows_they_wrote():
+    """The server stages a pass's rows in buffers it reuses: a smaller pass after a larger
+    one reads and writes its own rows, and the earlier answers stay as they were."""
+    torch.manual_seed(0)
+    learner_model = create_model(LSTM, SPEC.observation_shape, SPEC.num_actions)
+    slots = InferenceSlots.allocate(SPEC, learner_model, num_actors=3, envs_per_actor=4)
+    slots.inputs["frame"].normal_()
+    server = InferenceServer(learner_model, LSTM, SPEC, slots, lambda message: None)
+    server.infer([2, 0, 1])
+    first = {key: value.clone() for key, value in slots.outputs.items()}
+    slots.inputs["frame"][1].normal_()  # actor 1 asks again with new frames
+    inputs = {key: value[1][None] for key, value in slots.inputs.items()}
+    state = tuple(s[1].clone() for s in slots.core_state)
+
+    server.infer([1])
+
+    with torch.no_grad():
+        expected, expected_state = learner_model(inputs, state, act=False)
+    torch.testing.assert_close(slots.outputs["baseline"][1], expected["baseline"][0])
+    for got, want in zip(slots.core_state, expected_state, strict=True):
+        torch.testing.assert_close(got[1], want)
+    for actor in (0, 2):
+        assert torch.equal(slots.outputs["baseline"][actor], first["baseline"][actor])
+    assert server.batch_sizes == {3: 1, 1: 1}
+
+
+def test_the_server_times_each_part_of_its_passes_and_its_waits():
+    config = dict(LSTM, use_lstm=False)
+    learner_model = create_model(config, SPEC.observation_shape, SPEC.num_actions)
+    slots = InferenceSlots.allocate(SPEC, learner_model, num_actors=2, envs_per_actor=2)
+    server = InferenceServer(learner_model, config, SPEC, slots, lambda message: None)
+    actor_end, server_end = multiprocessing.Pipe()
+    server.add(0, server_end)
+    server.start()
+    try:
+        for _ in range(3):
+            actor_end.send_bytes(b"?")
+            assert actor_end.recv_bytes() == b"!"
+    finally:
+        server.stop()
+    assert server.batch_sizes == {1: 3}
+    seconds = server.seconds
+    assert set(seconds) == {*PASS_PARTS, "cpu"}
+    assert all(seconds[part] > 0 for part in PASS_PARTS), seconds
+    assert 0 < seconds["cpu"] <= sum(seconds[part] for part in PASS_PARTS) + 0.05
 
 
 DEVICES = [

@@ -14,7 +14,7 @@ import torch
 from tests.test_polybeast import REPO
 from torchbeast.config.parsers import make_mono_parser
 from torchbeast.config.resolvers import default_layout
-from torchbeast.scaling import default_layouts, layout, recipe_arguments
+from torchbeast.scaling import default_layouts, inference_table, layout, recipe_arguments
 
 SMALL = ["--env", "CartPole-v1", "--warmup_steps", "500", "--bench_steps", "2000"]
 
@@ -82,3 +82,16 @@ def test_asking_for_cuda_without_it_is_one_clear_error():
     assert result.stdout.strip().splitlines() == [
         "error: --devices cuda, but PyTorch sees no CUDA device: use --devices cpu"
     ]
+
+
+def test_rows_with_central_inference_get_a_table_of_what_its_thread_did():
+    ms = {"gather": 0.4, "forward": 1.25, "return": 3.0, "answer": 0.1}
+    central = dict(busy=0.97, cpu_cores=0.81, actors_per_pass=7.94, ms_per_pass=ms)
+    rows = [dict(actors=16, envs=8), dict(actors=32, envs=8, inference=central)]
+    assert inference_table(rows).splitlines() == [
+        "| actors x envs | central inference busy | its CPU (cores) | actors per pass "
+        "| ms per pass: gather / forward / return / answer |",
+        "|---|---|---|---|---|",
+        "| 32 x 8 | 97% | 0.81 | 7.9 | 0.40 / 1.25 / 3.00 / 0.10 |",
+    ]
+    assert inference_table(rows[:1]) == ""

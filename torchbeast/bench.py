@@ -41,6 +41,7 @@ from torchbeast.config.parsers import make_bench_parser
 from torchbeast.config.settings import build_settings
 from torchbeast.core.precision import dtype_name
 from torchbeast.runtime.console import setup_console_logging
+from torchbeast.runtime.mono_inference import PASS_PARTS
 from torchbeast.runtime.registry import RUNTIMES
 from torchbeast.runtime.training import Trainer
 
@@ -57,6 +58,7 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
     stages_before = trainer.stage_totals()  # CPU seconds by stage
     start_time, start_step, start_cpu = time.monotonic(), learner.step, time.process_time()
     start_updating = trainer.update_seconds()
+    inference_before = central_inference_totals(trainer)
     gpu = GpuSampler(trainer.device)
     while learner.step < start_step + bench_steps and not trainer.stop_requested.is_set():
         gpu.sample()
@@ -81,8 +83,40 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
         gpu_utilization=gpu.mean(),
         cores=len(os.sched_getaffinity(0)),
     )
+    if inference_before is not None:
+        result["inference"] = central_inference_figures(
+            inference_before, central_inference_totals(trainer), elapsed
+        )
     result["bound"] = bound_by(result)
     trainer.stop_requested.set()
+
+
+def central_inference_totals(trainer: Trainer) -> dict[str, float] | None:
+    """The central inference thread's seconds by part so far, with its passes and the
+    actors they served; None where actors run their own inference."""
+    seconds = trainer.pool.inference_seconds()
+    if not seconds:
+        return None
+    sizes = trainer.pool.inference_batch_sizes()
+    passes, actors = sum(sizes.values()), sum(size * count for size, count in sizes.items())
+    return seconds | dict(passes=passes, actors=actors)
+
+
+def central_inference_figures(
+    before: dict[str, float], after: dict[str, float], elapsed: float
+) -> dict:
+    """What the central inference thread did in the window: busy (the share of the time
+    it was not waiting for requests), its CPU in cores, actors per pass, and the
+    milliseconds per pass of each part of a pass."""
+    delta = {name: after[name] - before[name] for name in after}
+    passes = max(1, delta["passes"])
+    parts = [name for name in PASS_PARTS if name != "waiting"]
+    return dict(
+        busy=sum(delta[name] for name in parts) / elapsed,
+        cpu_cores=delta["cpu"] / elapsed,
+        actors_per_pass=delta["actors"] / passes,
+        ms_per_pass={name: 1e3 * delta[name] / passes for name in parts},
+    )
 
 
 class GpuSampler:
@@ -123,13 +157,17 @@ BUSY = 0.9
 
 def bound_by(result: dict) -> str:
     """Which stage sets a run's speed, from its measured figures: the learner when it is
-    busy updating nearly all the time (more actors cannot help); else the CPU when every
-    core is busy (its largest stage named); else the actors, which leave cores idle and the
-    learner waiting (more actors, or more envs each, would help)."""
+    busy updating nearly all the time (more actors cannot help); else central inference,
+    when its thread is (the actors wait for their actions); else the CPU when every core is
+    busy (its largest stage named); else the actors, which leave cores idle and the learner
+    waiting (more actors, or more envs each, would help)."""
     stages = result["stages"]
     if result["learner_busy"] >= BUSY:
         gpu = result.get("gpu_utilization")
         return "learner" + (f" (GPU {gpu:.0f}% busy)" if gpu is not None else "")
+    inference = result.get("inference")
+    if inference is not None and inference["busy"] >= BUSY:
+        return f"central inference (its thread busy {100 * inference['busy']:.0f}%)"
     cores_used = sum(stages.values()) * result["sps"] / 1e3
     if cores_used >= BUSY * result["cores"]:
         largest = max(stages, key=stages.get)
@@ -228,6 +266,15 @@ def print_result(flags: argparse.Namespace, trainer: Trainer, result: dict) -> N
         + (f", GPU {gpu:.0f}% busy" if gpu is not None else "")
         + f"; bound by: {result['bound']}"
     )
+    inference = result.get("inference")
+    if inference is not None:
+        parts = ", ".join(f"{name} {ms:.2f}" for name, ms in inference["ms_per_pass"].items())
+        print(
+            f"central inference: busy {100 * inference['busy']:.0f}% of the time, "
+            f"{inference['cpu_cores']:.2f} cores of CPU, {inference['actors_per_pass']:.1f} "
+            f"actors per pass; ms per pass: {parts}"
+        )
+        return
     sizes = trainer.pool.inference_batch_sizes()
     if sizes:
         mean = sum(size * count for size, count in sizes.items()) / max(1, sum(sizes.values()))

@@ -134,6 +134,29 @@ def format_row(row: dict) -> str:
     )
 
 
+def inference_table(rows: list[dict]) -> str:
+    """What the central inference thread did in each row that had one (``bench``'s
+    figures), as a table of its own; "" where no row had one."""
+    lines = []
+    for row in rows:
+        figures = row.get("inference")
+        if figures is None:
+            continue
+        if not lines:
+            parts = " / ".join(figures["ms_per_pass"])
+            lines += [
+                f"| actors x envs | central inference busy | its CPU (cores) | actors per pass "
+                f"| ms per pass: {parts} |",
+                "|---|---|---|---|---|",
+            ]
+        ms = " / ".join(f"{value:.2f}" for value in figures["ms_per_pass"].values())
+        lines.append(
+            f"| {row['actors']} x {row['envs']} | {100 * figures['busy']:.0f}% | "
+            f"{figures['cpu_cores']:.2f} | {figures['actors_per_pass']:.1f} | {ms} |"
+        )
+    return "\n".join(lines)
+
+
 def header(stage_names: list[str]) -> str:
     names = " / ".join(stage_names) or "stages"
     return (
@@ -166,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(header(list(row.get("stages", {}))))
                 rows.append(row)
                 print(format_row(row), flush=True)
+    if table := inference_table(rows):
+        print(f"\n{table}")
     if flags.json:
         with open(flags.json, "w") as file:
             json.dump(rows, file, indent=1)

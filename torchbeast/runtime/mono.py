@@ -300,6 +300,9 @@ class ActorPool(Pool):
     def inference_batch_sizes(self) -> dict[int, int]:
         return {} if self.server is None else dict(self.server.batch_sizes)
 
+    def inference_seconds(self) -> dict[str, float]:
+        return {} if self.server is None else dict(self.server.seconds)
+
 
 # --------------------------------------------------------------------------- training
 

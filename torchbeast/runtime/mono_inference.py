@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import multiprocessing.connection
 import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -85,9 +86,19 @@ class RemotePolicy:
         return outputs, tuple(shared[self.row].clone() for shared in self.slots.core_state)
 
 
+# The parts of the server's time, in order: idle until an actor asks, then each part of
+# one pass (see ``InferenceServer.seconds``).
+PASS_PARTS = ("waiting", "gather", "forward", "return", "answer")
+
+
 class InferenceServer:
     """The learner process's end: a model with the weights last published, on the
-    learner's device, and the thread that answers the actors."""
+    learner's device, and the thread that answers the actors.
+
+    A pass gathers the rows of the actors waiting into host buffers allocated once (pinned
+    on a GPU, so that the copies to and from the device are asynchronous), runs one
+    forward pass, and waits for the device once, for the outputs, before it writes them to
+    the actors' rows."""
 
     def __init__(
         self,
@@ -109,9 +120,18 @@ class InferenceServer:
         self.model.to(self.device).train()  # samples actions, as an actor's copy does
         self.generator = sampling_generator(self.device)
         # On a GPU, inference queues its copies and forward passes on a stream of its own,
-        # not behind the learner's update and batch copies on the default stream.
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # not behind the learner's update and batch copies on the default stream, and
+        # waits for its outputs on an event that sleeps rather than spins: the cores
+        # belong to the actors' environments.
+        on_gpu = self.device.type == "cuda"
+        self.stream = torch.cuda.Stream(self.device) if on_gpu else None
+        self.outputs_ready = torch.cuda.Event(blocking=True) if on_gpu else None
         self.slots = slots
+        self.staged = InferenceSlots(  # the rows of one pass, in the order asked
+            inputs={key: host_buffer(value, on_gpu) for key, value in slots.inputs.items()},
+            outputs={key: host_buffer(value, on_gpu) for key, value in slots.outputs.items()},
+            core_state=tuple(host_buffer(state, on_gpu) for state in slots.core_state),
+        )
         self.fail = fail
         self.lock = threading.Lock()  # the weights: publish, or a forward pass
         self.publish(model)
@@ -120,6 +140,8 @@ class InferenceServer:
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._serve, name="inference", daemon=True)
         self.batch_sizes: dict[int, int] = {}  # actors per forward pass -> passes
+        # Wall-clock seconds so far in each of PASS_PARTS, and the thread's CPU seconds.
+        self.seconds = dict.fromkeys((*PASS_PARTS, "cpu"), 0.0)
 
     def publish(self, model: nn.Module) -> None:
         """Copies the learner's new weights in, between two forward passes."""
@@ -148,54 +170,104 @@ class InferenceServer:
 
     def _serve(self) -> None:
         try:
+            clock = PassClock(self.seconds)
             while not self.stopping.is_set():
-                with self.conns_lock:
-                    conns = dict(self.conns)
-                ready = multiprocessing.connection.wait(list(conns), timeout=0.1)
-                actors, answers = [], []
-                for conn in ready:
-                    try:
-                        conn.recv_bytes()
-                    except (EOFError, OSError):  # the actor died: its pipe goes
-                        with self.conns_lock:
-                            self.conns.pop(conn, None)
-                        conn.close()
-                        continue
-                    actors.append(conns[conn])
-                    answers.append(conn)
+                actors, answers = self._requests()
+                clock.lap("waiting")
                 if actors:
-                    self.infer(actors)
+                    self.infer(actors, clock)
                     for conn in answers:
                         try:
                             conn.send_bytes(b"!")
                         except OSError:
                             pass  # it died meanwhile; the next wait sees its pipe close
+                    clock.lap("answer")
         except Exception as error:  # without inference no actor moves: stop the run
             self.fail(f"central inference failed: {error!r}")
 
-    def infer(self, actors: list[int]) -> None:
+    def _requests(self) -> tuple[list[int], list[Connection]]:
+        """The actors that asked (waiting up to 0.1 s for one), and their pipes."""
+        with self.conns_lock:
+            conns = dict(self.conns)
+        actors, answers = [], []
+        for conn in multiprocessing.connection.wait(list(conns), timeout=0.1):
+            try:
+                conn.recv_bytes()
+            except (EOFError, OSError):  # the actor died: its pipe goes
+                with self.conns_lock:
+                    self.conns.pop(conn, None)
+                conn.close()
+                continue
+            actors.append(conns[conn])
+            answers.append(conn)
+        return actors, answers
+
+    def infer(self, actors: list[int], clock: PassClock | None = None) -> None:
         """One forward pass for the requests of ``actors``; their rows get the outputs."""
+        clock = clock or PassClock(self.seconds)
         self.batch_sizes[len(actors)] = self.batch_sizes.get(len(actors), 0) + 1
+        rows = torch.tensor(actors)
         with (
             torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
         ):
-            self._infer(actors)
+            inputs, core_state = self._gather(rows)
+            clock.lap("gather")
+            with self.lock, torch.inference_mode():
+                outputs, core_state = self.model(inputs, core_state, generator=self.generator)
+            clock.lap("forward")
+            self._return(rows, outputs, core_state)
+            clock.lap("return")
 
-    def _infer(self, actors: list[int]) -> None:
-        rows = torch.tensor(actors)
-        inputs = {  # [1, N x E, ...]
-            key: value.index_select(0, rows).flatten(0, 1)[None].to(self.device)
-            for key, value in self.slots.inputs.items()
-        }
-        core_state = tuple(  # [layers, N x E, H]
-            s.index_select(0, rows).transpose(0, 1).flatten(1, 2).to(self.device)
-            for s in self.slots.core_state
-        )
-        with self.lock, torch.inference_mode():
-            outputs, core_state = self.model(inputs, core_state, generator=self.generator)
-        envs = self.slots.inputs["reward"].shape[1]
+    def _gather(self, rows: torch.Tensor) -> tuple[dict[str, torch.Tensor], CoreState]:
+        """The rows' inputs [1, N x E, ...] and core state [layers, N x E, H], on the device."""
+        count = len(rows)
+        inputs = {}
+        for key, shared in self.slots.inputs.items():
+            host = torch.index_select(shared, 0, rows, out=self.staged.inputs[key][:count])
+            inputs[key] = host.flatten(0, 1)[None].to(self.device, non_blocking=True)
+        core_state = []
+        for shared, staged in zip(self.slots.core_state, self.staged.core_state, strict=True):
+            host = torch.index_select(shared, 0, rows, out=staged[:count])  # [N, layers, E, H]
+            state = host.to(self.device, non_blocking=True)
+            core_state.append(state.transpose(0, 1).flatten(1, 2))
+        return inputs, tuple(core_state)
+
+    def _return(
+        self, rows: torch.Tensor, outputs: dict[str, torch.Tensor], core_state: CoreState
+    ) -> None:
+        """Writes the outputs [1, N x E, ...] and core state [layers, N x E, H] to the rows,
+        waiting for the device once."""
+        count, envs = len(rows), self.slots.inputs["reward"].shape[1]
+        for key, staged in self.staged.outputs.items():
+            by_actor = outputs[key][0].unflatten(0, (count, envs))
+            staged[:count].copy_(by_actor, non_blocking=True)
+        for state, staged in zip(core_state, self.staged.core_state, strict=True):
+            by_actor = state.unflatten(1, (count, envs)).transpose(0, 1)  # [N, layers, E, H]
+            staged[:count].copy_(by_actor, non_blocking=True)
+        if self.outputs_ready is not None:
+            self.outputs_ready.record(self.stream)
+            self.outputs_ready.synchronize()
         for key, shared in self.slots.outputs.items():
-            shared.index_copy_(0, rows, outputs[key][0].unflatten(0, (len(actors), envs)).cpu())
-        for shared, state in zip(self.slots.core_state, core_state, strict=True):
-            by_actor = state.unflatten(1, (len(actors), envs)).transpose(0, 1)
-            shared.index_copy_(0, rows, by_actor.cpu())
+            shared.index_copy_(0, rows, self.staged.outputs[key][:count])
+        for shared, staged in zip(self.slots.core_state, self.staged.core_state, strict=True):
+            shared.index_copy_(0, rows, staged[:count])
+
+
+def host_buffer(like: torch.Tensor, pinned: bool) -> torch.Tensor:
+    """A host buffer shaped as ``like``, page-locked where ``pinned``."""
+    return torch.empty(like.shape, dtype=like.dtype, pin_memory=pinned)
+
+
+class PassClock:
+    """Adds the wall-clock time since its last lap to one part of ``seconds``, and the
+    thread's CPU time to ``seconds["cpu"]``."""
+
+    def __init__(self, seconds: dict[str, float]):
+        self.seconds = seconds
+        self.wall, self.cpu = time.perf_counter(), time.thread_time()
+
+    def lap(self, part: str) -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        self.seconds[part] += wall - self.wall
+        self.seconds["cpu"] += cpu - self.cpu
+        self.wall, self.cpu = wall, cpu

@@ -40,6 +40,13 @@ class Pool(Supervised):
         own."""
         return {}
 
+    def inference_seconds(self) -> dict[str, float]:
+        """Where one thread serves every actor's inference (MonoBeast's
+        ``--central_inference``): its wall-clock seconds so far idle ("waiting") and in each
+        part of its passes (``mono_inference.PASS_PARTS``), and its CPU seconds ("cpu");
+        {} elsewhere."""
+        return {}
+
     def describe_sources(self, sources: list[Hashable]) -> str:
         """Who sent the columns with these sources, in words."""
         return ", ".join(map(str, sources))
