@@ -3,7 +3,9 @@
 # the recipe there now (visit 3: 16 x 8 at 10,863 SPS, env 0.66 + forward pass 0.57 ms per
 # step per core), so the table tries what takes the forward pass off them or makes it
 # cheaper: bf16 on a CPU with native bf16 (`--precision auto`; the learner's GPU stays
-# fp32), and central inference (its passes now on a CUDA stream of their own). Then Pong
+# fp32), and central inference (its passes on a CUDA stream of their own, one wait for the
+# device each; its table says where a pass's time goes, the first look at why it topped
+# out at 8,200-8,900 SPS). Then Pong
 # from scratch in two seeds, each stopped at a 100-episode mean of +18, 2.5M steps or its
 # share of the time, with the defaults, PONG_FLAGS, and the fastest row's flags where that
 # row beat the defaults' by 10%. Everything it measures lands in $OUT.
