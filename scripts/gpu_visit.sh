@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# One visit to a GPU machine (16 cores, one NVIDIA GPU), in one call. The actors' CPU bounds
-# the recipe there now (visit 3: 16 x 8 at 10,863 SPS, env 0.66 + forward pass 0.57 ms per
-# step per core), so the table tries what takes the forward pass off them or makes it
-# cheaper: bf16 on a CPU with native bf16 (`--precision auto`; the learner's GPU stays
-# fp32), and central inference (its passes on a CUDA stream of their own, one wait for the
-# device each; its table says where a pass's time goes, the first look at why it topped
-# out at 8,200-8,900 SPS). Then Pong
-# from scratch in two seeds, each stopped at a 100-episode mean of +18, 2.5M steps or its
-# share of the time, with the defaults, PONG_FLAGS, and the fastest row's flags where that
-# row beat the defaults' by 10%. Everything it measures lands in $OUT.
+# One visit to a GPU machine (16 cores, one NVIDIA GPU), in one call, in the order of what
+# the scale-up issue still needs:
+#   1. the CUDA tests of the update graph and of central inference (its pinned buffers,
+#      its own stream, one wait per pass: never yet run on a GPU);
+#   2. central inference at the machine's layout (16 x 8): its table says where a pass's
+#      time goes, the first look at why it topped out at 8,200-8,900 SPS (visit 3);
+#   3. Pong from scratch in two seeds with the defaults (16 x 8, B=32, the update as one
+#      CUDA graph) and PONG_FLAGS, each stopped at a 100-episode mean of +18, 2.5M steps
+#      or its share of the time: the issue's "+18 within 5 minutes and 2.5M steps, two
+#      seeds"; their logs give the defaults' SPS on this machine too;
+#   4. with the time left (50 s or more), bf16 actors (`--precision auto`) at 16 x 8:
+#      whether the actors' CPU forward pass, which bounds the defaults (visit 3: env 0.66 +
+#      forward 0.57 ms per step per core), is cheaper on this CPU (AMX).
+# Everything it measures lands in $OUT.
 #
 #     OUT=/tmp/visit PONG_FLAGS="..." bash scripts/gpu_visit.sh [SECONDS]   # from the root
 #
@@ -40,53 +44,38 @@ $PY -c "import torch, gymnasium, ale_py; print('torch', torch.__version__, \
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA', \
 'gymnasium', gymnasium.__version__, 'ale-py', ale_py.__version__)" || exit 1
 
-devices=cuda warmup=10000 steps=40000 layout=16x8 wide=32x8 cap=2500000
+devices=cuda warmup=10000 steps=40000 layout=16x8 cap=2500000
 if [ "${SMALL:-0}" = 1 ]; then
-    devices=cpu warmup=500 steps=1000 layout=1x8 wide=2x8 cap=3000
+    devices=cpu warmup=500 steps=1000 layout=2x8 cap=3000
 fi
 
-# The scaling table: the machine's own layout with the defaults, then each lever.
-table() {  # NAME, LAYOUTS, then flags for every row of it
-    local name=$1 layouts=$2
-    shift 2
+# 1. The CUDA tests (skipped where there is no CUDA).
+echo "== $(elapsed) s: the CUDA tests of the update graph and central inference"
+$PY -m pytest -q -p no:cacheprovider tests/test_update_graph.py tests/test_central_inference.py \
+    -k "cuda or graph" 2>&1 | tail -4
+
+# Scaling rows at the machine's layout (one run each).
+table() {  # NAME, then flags for every row of it
+    local name=$1
+    shift
     echo "== $(elapsed) s: table $name: $*"
     $PY -m torchbeast.scaling --devices $devices --warmup_steps $warmup --bench_steps $steps \
-        --json "$work/tables/$name.json" --layouts $layouts "$@"
+        --json "$work/tables/$name.json" --layouts $layout "$@"
+    tar -czf "$out/tables.tar.gz" -C "$work" tables
 }
-table defaults "$layout"
-table bf16_actors "$layout" --precision auto
-table central "$layout $wide" --central_inference
-tar -czf "$out/tables.tar.gz" -C "$work" tables
-faster=$($PY - "$work/tables" "$layout" <<'EOF'
-import json, sys
-levers = {"defaults": "", "bf16_actors": "--precision auto", "central": "--central_inference"}
-own, rows = tuple(int(n) for n in sys.argv[2].split("x")), []
-for name, flags in levers.items():
-    try:
-        for row in json.load(open(f"{sys.argv[1]}/{name}.json")):
-            if "sps" in row:
-                layout = (row["actors"], row["envs"])
-                if layout != own:
-                    flags += f" --num_actors {layout[0]} --envs_per_actor {layout[1]}"
-                rows.append((row["sps"], flags.strip(), name))
-    except (OSError, ValueError):
-        pass
-base = max([sps for sps, _, name in rows if name == "defaults"] or [1])
-best = max(rows, default=(0, "", ""))
-print(best[1] if best[0] >= 1.1 * base else "")
-EOF
-)
+# 2. Central inference, and where its passes' time goes.
+table central --central_inference
 
 # Pong from scratch, two seeds, each stopped (SIGTERM: it checkpoints and says where it
 # got) at a 100-episode mean of +18, at the step cap, or when its share of the time is up.
 pong() {  # SEED SECONDS
     local seed=$1 seconds=$2 run="$work/runs/pong_seed$1"
     echo "== $(elapsed) s: Pong seed $seed for at most $seconds s, with the defaults and:" \
-        "${PONG_FLAGS:-} $faster"
+        "${PONG_FLAGS:-}"
     local pong_started
     pong_started=$(date +%s.%N)
     timeout -s TERM "$seconds" $PY -m torchbeast.monobeast --env PongNoFrameskip-v4 \
-        --seed "$seed" --xpid "pong_seed$seed" --savedir "$work/runs" ${PONG_FLAGS:-} $faster &
+        --seed "$seed" --xpid "pong_seed$seed" --savedir "$work/runs" ${PONG_FLAGS:-} &
     local pid=$!
     $PY - "$run/logs.csv" "$pid" "$cap" "$pong_started" "$out/pong_seed$seed" <<'EOF' &
 import csv, os, shutil, signal, subprocess, sys, time
@@ -131,10 +120,14 @@ EOF
     wait "$pid"
     wait "$watcher"
 }
-left=$((budget - $(elapsed) - 20))
-[ "${SMALL:-0}" = 1 ] && left=120
+# 3. Pong, two seeds; 4. bf16 actors with what is left.
+bf16_row=50
+[ "${SMALL:-0}" = 1 ] && bf16_row=30
+left=$((budget - $(elapsed) - bf16_row - 15))
 pong 1 $((left / 2))
-left=$((budget - $(elapsed) - 15))
-[ "${SMALL:-0}" = 1 ] && left=60
+left=$((budget - $(elapsed) - bf16_row - 10))
 pong 2 "$left"
+if [ $((budget - $(elapsed))) -ge "$bf16_row" ]; then
+    table bf16_actors --precision auto
+fi
 echo "== $(elapsed) s: done"
