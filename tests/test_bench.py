@@ -107,17 +107,19 @@ def test_a_busy_central_inference_thread_bounds_the_run():
 
 
 def test_central_inference_figures_are_those_of_the_window():
-    before = dict(waiting=5.0, gather=1.0, forward=2.0, answer=0.5, cpu=3.0, passes=100)
+    before = dict(waiting=5.0, weights=0.2, gather=1.0, forward=2.0, answer=0.5, cpu=3.0)
+    before |= {"passes": 100}
     before |= {"return": 1.0, "actors": 300}
     # 10 s later: 200 passes of 4 actors, 8 s of them busy, on 6 s of CPU.
-    after = dict(waiting=7.0, gather=2.0, forward=6.0, answer=1.0, cpu=9.0, passes=300)
+    after = dict(waiting=7.0, weights=0.4, gather=2.0, forward=6.0, answer=1.0, cpu=9.0)
+    after |= {"passes": 300}
     after |= {"return": 3.5, "actors": 1100}
     got = central_inference_figures(before, after, elapsed=10.0)
-    assert got["busy"] == pytest.approx(0.8)
+    assert got["busy"] == pytest.approx(0.82)
     assert got["cpu_cores"] == pytest.approx(0.6)
     assert got["actors_per_pass"] == pytest.approx(4.0)
     assert got["ms_per_pass"] == pytest.approx(
-        {"gather": 5.0, "forward": 20.0, "return": 12.5, "answer": 2.5}
+        {"weights": 1.0, "gather": 5.0, "forward": 20.0, "return": 12.5, "answer": 2.5}
     )
 
 
@@ -129,8 +131,8 @@ def test_bench_reports_what_the_central_inference_thread_did(tmp_path):
     assert result.returncode == 0, result.stderr
     line = re.search(
         r"central inference: busy ([0-9]+)% of the time, ([0-9.]+) cores of CPU, ([0-9.]+) "
-        r"actors per pass; ms per pass: gather ([0-9.]+), forward ([0-9.]+), return "
-        r"([0-9.]+), answer ([0-9.]+)",
+        r"actors per pass; ms per pass: weights ([0-9.]+), gather ([0-9.]+), forward "
+        r"([0-9.]+), return ([0-9.]+), answer ([0-9.]+)",
         result.stdout,
     )
     assert line is not None, result.stdout

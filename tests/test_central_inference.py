@@ -4,8 +4,11 @@ actor's actions in one batched forward pass; real actor processes, real environm
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -14,22 +17,51 @@ import torch
 from tests.test_monobeast import (
     REPO,
     SMALL_RUN,
+    actor_pids,
+    alive,
+    inference_pid,
     monobeast,
     read_rows,
+    start_monobeast,
+    wait_for,
+    wait_for_rows,
 )
 from torchbeast.core.models import create_model
 from torchbeast.core.spec import EnvSpec
-from torchbeast.runtime.mono_inference import PASS_PARTS, InferenceServer, InferenceSlots
+from torchbeast.runtime.mono_inference import (
+    PASS_PARTS,
+    InferenceFigures,
+    InferenceServer,
+    InferenceSlots,
+)
+from torchbeast.runtime.mono_weights import SharedWeights
 
 SPEC = EnvSpec("CartPole-v1", (4,), np.dtype(np.float32), 2)
 LSTM = dict(kind="mlp", hidden_size=8, num_layers=1, use_lstm=True)
+
+
+def serve(
+    learner_model: torch.nn.Module,
+    config: dict,
+    num_actors: int,
+    envs_per_actor: int,
+    device: str = "cpu",
+) -> tuple[InferenceServer, InferenceSlots, SharedWeights]:
+    """A server for ``learner_model``'s actors, with its weights published as the learner
+    publishes them for actors."""
+    slots = InferenceSlots.allocate(SPEC, learner_model, num_actors, envs_per_actor)
+    weights = SharedWeights(learner_model)
+    weights.publish(learner_model)
+    model = create_model(config, SPEC.observation_shape, SPEC.num_actions, inference_only=True)
+    figures = InferenceFigures.allocate(num_actors)
+    return InferenceServer(model.to(device), slots, figures, weights), slots, weights
 
 
 def test_the_server_answers_each_actor_with_the_models_outputs_for_its_own_envs():
     torch.manual_seed(0)
     learner_model = create_model(LSTM, SPEC.observation_shape, SPEC.num_actions)
     learner_model.policy_version.fill_(7)
-    slots = InferenceSlots.allocate(SPEC, learner_model, num_actors=3, envs_per_actor=4)
+    server, slots, _ = serve(learner_model, LSTM, num_actors=3, envs_per_actor=4)
     slots.inputs["frame"].normal_()
     slots.inputs["reward"].normal_()
     slots.inputs["last_action"].random_(0, 2)
@@ -38,8 +70,6 @@ def test_the_server_answers_each_actor_with_the_models_outputs_for_its_own_envs(
         state.normal_()
     before = {key: value.clone() for key, value in slots.outputs.items()}
     states_before = [state.clone() for state in slots.core_state]
-    failures = []
-    server = InferenceServer(learner_model, LSTM, SPEC, slots, failures.append)
 
     server.infer([2, 0])  # actors 2 and 0 ask; actor 1 does not
 
@@ -59,7 +89,6 @@ def test_the_server_answers_each_actor_with_the_models_outputs_for_its_own_envs(
     for key, value in slots.outputs.items():  # actor 1's row is untouched
         assert torch.equal(value[1], before[key][1])
     assert torch.equal(slots.core_state[0][1], states_before[0][1])
-    assert failures == []
 
 
 def test_each_pass_answers_only_its_own_actors_from_the_rows_they_wrote():
@@ -67,9 +96,8 @@ def test_each_pass_answers_only_its_own_actors_from_the_rows_they_wrote():
     one reads and writes its own rows, and the earlier answers stay as they were."""
     torch.manual_seed(0)
     learner_model = create_model(LSTM, SPEC.observation_shape, SPEC.num_actions)
-    slots = InferenceSlots.allocate(SPEC, learner_model, num_actors=3, envs_per_actor=4)
+    server, slots, _ = serve(learner_model, LSTM, num_actors=3, envs_per_actor=4)
     slots.inputs["frame"].normal_()
-    server = InferenceServer(learner_model, LSTM, SPEC, slots, lambda message: None)
     server.infer([2, 0, 1])
     first = {key: value.clone() for key, value in slots.outputs.items()}
     slots.inputs["frame"][1].normal_()  # actor 1 asks again with new frames
@@ -85,25 +113,29 @@ def test_each_pass_answers_only_its_own_actors_from_the_rows_they_wrote():
         torch.testing.assert_close(got[1], want)
     for actor in (0, 2):
         assert torch.equal(slots.outputs["baseline"][actor], first["baseline"][actor])
-    assert server.batch_sizes == {3: 1, 1: 1}
+    assert server.passes.tolist() == [0, 1, 0, 1]  # one pass of 1 actor, one of 3
 
 
 def test_the_server_times_each_part_of_its_passes_and_its_waits():
     config = dict(LSTM, use_lstm=False)
     learner_model = create_model(config, SPEC.observation_shape, SPEC.num_actions)
-    slots = InferenceSlots.allocate(SPEC, learner_model, num_actors=2, envs_per_actor=2)
-    server = InferenceServer(learner_model, config, SPEC, slots, lambda message: None)
+    server, _, _ = serve(learner_model, config, num_actors=2, envs_per_actor=2)
     actor_end, server_end = multiprocessing.Pipe()
     server.add(0, server_end)
-    server.start()
+    thread = threading.Thread(target=server.serve)
+    thread.start()
     try:
         for _ in range(3):
             actor_end.send_bytes(b"?")
             assert actor_end.recv_bytes() == b"!"
     finally:
-        server.stop()
-    assert server.batch_sizes == {1: 3}
-    seconds = server.seconds
+        server.stopping.set()
+        thread.join()
+    with pytest.raises(EOFError):  # stopping closed the actors' pipes
+        actor_end.recv_bytes()
+    figures = InferenceFigures(torch.from_numpy(server.seconds), torch.from_numpy(server.passes))
+    assert figures.batch_sizes() == {1: 3}
+    seconds = figures.seconds_by_part()
     assert set(seconds) == {*PASS_PARTS, "cpu"}
     assert all(seconds[part] > 0 for part in PASS_PARTS), seconds
     assert 0 < seconds["cpu"] <= sum(seconds[part] for part in PASS_PARTS) + 0.05
@@ -120,24 +152,21 @@ DEVICES = [
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_published_weights_are_the_ones_the_next_answers_use(device):
-    """On a GPU the server's forward passes run on a stream of their own: a pass after a
-    publish still sees the weights published."""
+    """The server reads the weights the learner publishes for actors before each pass, to
+    its own device."""
     torch.manual_seed(0)
     config = dict(LSTM, use_lstm=False)
     learner_model = create_model(config, SPEC.observation_shape, SPEC.num_actions).to(device)
-    slots = InferenceSlots.allocate(SPEC, learner_model, num_actors=1, envs_per_actor=2)
+    server, slots, weights = serve(learner_model, config, 1, 2, device)
     slots.inputs["frame"].normal_()
-    server = InferenceServer(learner_model, config, SPEC, slots, lambda message: None)
     server.infer([0])
     first = slots.outputs["baseline"].clone()
     with torch.no_grad():
         learner_model.baseline.bias.add_(1.0)
         learner_model.policy_version.fill_(3)
-        if device == "cuda":  # the learner's stream busy a while before the publish
-            torch.cuda._sleep(50_000_000)
     server.infer([0])
     assert torch.equal(slots.outputs["baseline"], first)  # not published yet
-    server.publish(learner_model)
+    weights.publish(learner_model)
     server.infer([0])
     torch.testing.assert_close(slots.outputs["baseline"], first + 1.0)
     assert slots.outputs["policy_version"].tolist() == [[3, 3]]
@@ -153,6 +182,32 @@ def test_monobeast_trains_with_central_inference(tmp_path):
     lags = [float(row["policy_lag"]) for row in rows[5:]]
     assert lags and max(lags) < 20
     assert "Learning finished" in (tmp_path / "run" / "out.log").read_text()
+
+
+def test_inference_runs_in_a_process_of_its_own_and_its_death_ends_the_run(tmp_path):
+    """Killed, it takes no actor's data with it: the run ends with one line naming it and
+    the checkpoint of the last update, and leaves no process behind."""
+    args = [*SMALL_RUN, "--central_inference", "--total_steps", "10000000", "--xpid", "run"]
+    process = start_monobeast(tmp_path, *args)
+    try:
+        logs = tmp_path / "run" / "logs.csv"
+        wait_for_rows(logs, 3)
+        server = inference_pid(tmp_path / "run" / "out.log")
+        children = actor_pids(process.pid)
+        assert server in children and len(children) == 3  # two actors and the server
+        os.kill(server, signal.SIGKILL)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 1, output
+    assert output.strip().splitlines()[-1] == (
+        "error: the central inference process died (exit code -9); see out.log, and check memory"
+    )
+    state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)
+    assert state["step"] == int(read_rows(logs)[-1]["step"]) > 0
+    wait_for(lambda: not any(alive(pid) for pid in children), 10, "the actors to exit")
 
 
 def test_an_lstm_trains_with_central_inference(tmp_path):
@@ -185,16 +240,14 @@ def test_central_inference_is_off_unless_asked_for():
 
 
 def test_the_server_samples_from_its_own_generator():
-    """Its thread samples beside the learner's, which on a GPU captures its update as a
-    CUDA graph, and owns the device's default generator meanwhile: the server draws from
-    a generator of its own, seeded from the process's seed, and from no other."""
+    """The server draws from a generator of its own, seeded from its process's seed, and
+    from no other: what else its process draws does not change its actions."""
     config = dict(LSTM, use_lstm=False)
     actions = []
     for other_draws in (0, 5):
         torch.manual_seed(0)
         learner_model = create_model(config, SPEC.observation_shape, SPEC.num_actions)
-        slots = InferenceSlots.allocate(SPEC, learner_model, num_actors=2, envs_per_actor=64)
-        server = InferenceServer(learner_model, config, SPEC, slots, lambda message: None)
+        server, slots, _ = serve(learner_model, config, num_actors=2, envs_per_actor=64)
         torch.rand(other_draws)  # the default generator moves on; the server's does not
         default_state = torch.get_rng_state()
         server.infer([0, 1])

@@ -6,7 +6,7 @@ import time
 import torch
 from torch import nn
 
-from torchbeast.runtime.mono_actor import SharedWeights
+from torchbeast.runtime.mono_weights import SharedWeights
 
 
 def filled_model(value: float) -> nn.Module:

@@ -14,8 +14,9 @@ Each actor talks to the learner only through its own pipe, so an actor that is k
 takes no lock with it: the dispatcher sees the pipe close, takes back the slots the actor
 held, and starts a new one. A learner that dies closes the pipes and the actors exit. The
 actor's side, and the shared weights, are ``runtime.mono_actor``'s. With
-``--central_inference`` the actors hold no weights: the learner process chooses their
-actions (``runtime.mono_inference``), through a second pipe per actor.
+``--central_inference`` the actors hold no weights: an inference process beside the
+learner's chooses their actions (``runtime.mono_inference``), through a second pipe per
+actor; the dispatcher watches it too.
 """
 
 from __future__ import annotations
@@ -39,8 +40,14 @@ from torchbeast.core.models import create_model
 from torchbeast.core.precision import bf16_on_cpu
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.layout import actor_niceness
-from torchbeast.runtime.mono_actor import ActorShared, SharedWeights, actor_process
-from torchbeast.runtime.mono_inference import InferenceServer, InferenceSlots
+from torchbeast.runtime.mono_actor import ActorShared, actor_process
+from torchbeast.runtime.mono_inference import (
+    CentralInference,
+    InferenceFigures,
+    InferenceProcess,
+    InferenceSlots,
+)
+from torchbeast.runtime.mono_weights import SharedWeights
 from torchbeast.runtime.pool import Pool, actor_stage_totals
 from torchbeast.runtime.supervision import (
     RestartBudget,
@@ -100,14 +107,20 @@ class ActorPool(Pool):
                 bf16_on_cpu(learner_model.compute_dtype, next(learner_model.parameters()).device)
             ),
         )
-        self.server: InferenceServer | None = None
+        self.inference: InferenceProcess | None = None
         if settings.runtime.central_inference:
-            self.shared.inference = InferenceSlots.allocate(
-                env_spec, learner_model, num_actors, self.envs_per_actor
+            self.shared.inference = CentralInference(
+                slots=InferenceSlots.allocate(
+                    env_spec, learner_model, num_actors, self.envs_per_actor
+                ),
+                figures=InferenceFigures.allocate(num_actors),
+                config=config,
+                env_spec=env_spec,
+                device=str(next(learner_model.parameters()).device),
+                compute_dtype=learner_model.compute_dtype,
+                seed=settings.env.seed,
             )
-            self.server = InferenceServer(
-                learner_model, config, env_spec, self.shared.inference, self.fail
-            )
+            self.inference = InferenceProcess(self.context, self.shared.inference, weights)
 
         self.free_slots: collections.deque[int] = collections.deque(range(num_buffers))
         self.full_slots: queue.Queue[int] = queue.Queue()
@@ -126,8 +139,16 @@ class ActorPool(Pool):
     # Lifecycle.
 
     def start(self) -> None:
-        if self.server is not None:
-            self.server.start()
+        if self.inference is not None:
+            failure = self.inference.start()
+            if failure is not None:
+                self.fail(failure)
+                return
+            log.info(
+                "Central inference runs in process %d, on %s.",
+                self.inference.process.pid,
+                self.shared.inference.device,
+            )
         for actor_index in range(len(self.incarnations)):
             self._start_actor(actor_index)
         self.dispatcher.start()
@@ -135,7 +156,7 @@ class ActorPool(Pool):
     def _start_actor(self, actor_index: int) -> None:
         parent_conn, child_conn = self.context.Pipe()
         inference_conn = child_inference_conn = None
-        if self.server is not None:
+        if self.inference is not None:
             inference_conn, child_inference_conn = self.context.Pipe()
         process = self.context.Process(
             target=actor_process,
@@ -153,9 +174,9 @@ class ActorPool(Pool):
         with signals_blocked():
             process.start()
         child_conn.close()  # so the parent sees EOF when the actor dies
-        if self.server is not None:
+        if self.inference is not None:
             child_inference_conn.close()
-            self.server.add(actor_index, inference_conn)
+            self.inference.add(actor_index, inference_conn)
         with self.lock:
             self.processes[actor_index] = process
             self.conns[actor_index] = parent_conn
@@ -171,8 +192,8 @@ class ActorPool(Pool):
                     conn.send(None)
                 except OSError:
                     pass
-        if self.server is not None:  # an actor waiting for its actions ends on EOF
-            self.server.stop()
+        if self.inference is not None:  # an actor waiting for its actions ends on EOF
+            self.inference.stop()
         join_or_kill(self.processes.values(), ACTOR_STOP_TIMEOUT_S)
         for conn in self.conns.values():
             conn.close()
@@ -184,8 +205,12 @@ class ActorPool(Pool):
             while not self.stopping.is_set():
                 with self.lock:
                     by_conn = {conn: index for index, conn in self.conns.items()}
-                for conn in mp.connection.wait(list(by_conn), timeout=0.1):
-                    self._handle(by_conn[conn], conn)
+                inference = [] if self.inference is None else [self.inference.control]
+                for conn in mp.connection.wait([*by_conn, *inference], timeout=0.1):
+                    if conn in by_conn:
+                        self._handle(by_conn[conn], conn)
+                    else:  # the inference process says nothing unless it stops
+                        self.fail(self.inference.read_failure() or "central inference stopped")
         except Exception as error:  # without the dispatcher nothing moves: stop the run
             log.exception("The actor dispatcher failed.")
             self.fail(f"the actor dispatcher failed: {error!r}")
@@ -287,10 +312,7 @@ class ActorPool(Pool):
 
     def publish(self, model: nn.Module) -> None:
         """New weights for whoever chooses the actions: the actors, or central inference."""
-        if self.server is not None:
-            self.server.publish(model)
-        else:
-            self.shared.weights.publish(model)
+        self.shared.weights.publish(model)
 
     def stage_totals(self) -> dict[str, float]:
         """The actors' CPU seconds: stepping envs, inference (none with central inference:
@@ -298,10 +320,12 @@ class ActorPool(Pool):
         return actor_stage_totals(self.shared.timings.sum(0).numpy())
 
     def inference_batch_sizes(self) -> dict[int, int]:
-        return {} if self.server is None else dict(self.server.batch_sizes)
+        return {} if self.inference is None else self.shared.inference.figures.batch_sizes()
 
     def inference_seconds(self) -> dict[str, float]:
-        return {} if self.server is None else dict(self.server.seconds)
+        if self.inference is None:
+            return {}
+        return self.shared.inference.figures.seconds_by_part()
 
 
 # --------------------------------------------------------------------------- training

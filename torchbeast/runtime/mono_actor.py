@@ -1,5 +1,6 @@
 """MonoBeast's actor process and what it shares with the learner: the weights, published
-in shared memory under a seqlock, and the rollout buffers it fills (see ``runtime.mono``)."""
+in shared memory under a seqlock (``runtime.mono_weights``), and the rollout buffers it
+fills (see ``runtime.mono``)."""
 
 from __future__ import annotations
 
@@ -12,52 +13,14 @@ import time
 import traceback
 
 import torch
-from torch import nn
 
 from torchbeast.config.settings import Settings
-from torchbeast.core import weights
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.acting import Unroller, actor_seed
-from torchbeast.runtime.mono_inference import InferenceSlots, RemotePolicy
+from torchbeast.runtime.mono_inference import CentralInference, RemotePolicy
+from torchbeast.runtime.mono_weights import SharedWeights
 from torchbeast.runtime.processes import die_with_parent
 from torchbeast.runtime.supervision import STOP_SIGNALS
-
-# --------------------------------------------------------------------------- weights
-
-
-class SharedWeights:
-    """Model parameters in shared memory, published with a version (a seqlock).
-
-    The version is odd while the learner writes. A reader copies, then checks that the
-    version did not move; if it did, it copies again. No lock is shared with actors, so
-    an actor killed mid-copy cannot block the learner.
-    """
-
-    def __init__(self, model: nn.Module):
-        self.flat = torch.zeros(weights.num_weights(model)).share_memory_()
-        self.version = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self.policy_version = torch.zeros((), dtype=torch.int64).share_memory_()
-
-    def publish(self, model: nn.Module) -> None:
-        self.version += 1
-        weights.flatten(model, out=self.flat)
-        self.policy_version.copy_(model.policy_version)
-        self.version += 1
-
-    def read_into(self, model: nn.Module, known_version: int) -> int:
-        """Copies newer weights into ``model``; returns the version it now holds."""
-        while True:
-            before = int(self.version)
-            if before == known_version:
-                return known_version
-            if before % 2:
-                time.sleep(0.0005)
-                continue
-            weights.load_flat(model, self.flat)
-            model.policy_version.copy_(self.policy_version)
-            if int(self.version) == before:
-                return before
-
 
 # --------------------------------------------------------------------------- actor
 
@@ -73,7 +36,7 @@ class ActorShared:
     initial_core_states: tuple[torch.Tensor, ...]  # [num_buffers, layers, H] each
     weights: SharedWeights
     timings: torch.Tensor  # [num_actors, 4]: env, inference, all CPU seconds; steps
-    inference: InferenceSlots | None = None  # with --central_inference
+    inference: CentralInference | None = None  # with --central_inference
     niceness: int = 0  # added to the actors' niceness (layout.actor_niceness)
 
 
@@ -85,7 +48,7 @@ def actor_process(
     inference_conn: mp.connection.Connection | None = None,
 ) -> None:
     """Steps ``envs_per_actor`` envs and fills the buffer slots the learner hands out;
-    with ``inference_conn`` the learner process chooses the actions."""
+    with ``inference_conn`` the inference process chooses the actions."""
     # The learner decides when actors stop, also when a signal hits the process group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -115,7 +78,7 @@ def run_actor(
     settings = shared.settings
     seed = actor_seed(settings, actor_index, incarnation)
     remote = inference_conn is not None and shared.inference is not None
-    policy = RemotePolicy(shared.inference, actor_index, inference_conn) if remote else None
+    policy = RemotePolicy(shared.inference.slots, actor_index, inference_conn) if remote else None
     unroller = Unroller(settings, shared.env_spec, shared.config, seed, policy)
     version = -1 if remote else shared.weights.read_into(unroller.model, -1)
     cpu_mark = time.process_time()

@@ -1,8 +1,8 @@
 """MonoBeast's central inference (``--central_inference``): actors only step their
-environments; one thread of the learner process runs one batched forward pass for every
-actor waiting, on the learner's device, as SEED RL and Sample Factory do.
+environments; one process beside the learner's runs one batched forward pass for every
+actor waiting, on the learner's device, as Sample Factory's policy workers do.
 
-    actor i                                     learner process: InferenceServer thread
+    actor i                                     inference process
     writes its env outputs and core state       waits on every actor's inference pipe
     into its row of InferenceSlots, then        gathers the rows of the actors ready,
     sends one byte on its pipe       ------->   [1, N x E, ...]; one forward pass with
@@ -10,32 +10,52 @@ actor waiting, on the learner's device, as SEED RL and Sample Factory do.
     reads its actions, logits, baseline,  <---  actor's outputs and core state into its
     policy version and core state               row, and answers each with one byte
 
-The actor needs no copy of the weights, and its CPU goes to its environments alone. A
-dead actor closes its pipe and the server forgets it; its replacement brings a new pipe.
+The actor needs no copy of the weights, and its CPU goes to its environments alone. The
+server reads the weights the learner publishes for actors (``SharedWeights``, a seqlock)
+before each pass. It runs in a process of its own rather than a thread of the learner's:
+there it shared the interpreter's lock and the CPU threads with the learner's threads, and
+on a 16-core H200 machine it topped out at 8,200-8,900 SPS with cores to spare. The
+learner process starts it, hands it the inference end of each (new) actor's pipe over a
+control pipe, and reads its figures from shared memory; a dead actor closes its pipe and
+the server forgets it. If the server fails or dies, the run ends with one line.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import logging
+import multiprocessing as mp
 import multiprocessing.connection
+import signal
 import threading
 import time
-from collections.abc import Callable
+import traceback
 
 import torch
 from torch import nn
 
+from torchbeast import envs
 from torchbeast.core import rollout
 from torchbeast.core.models import CoreState, create_model, sampling_generator
 from torchbeast.core.spec import EnvSpec
-from torchbeast.core.weights import copy_weights
+from torchbeast.runtime.mono_weights import SharedWeights
+from torchbeast.runtime.processes import die_with_parent
+from torchbeast.runtime.supervision import STOP_SIGNALS, join_or_kill, last_line, signals_blocked
 
 Connection = multiprocessing.connection.Connection
+log = logging.getLogger("torchbeast")
 
 # What the model reads of an env output, and what an actor gets back.
 INPUT_KEYS = ("frame", "reward", "done", "last_action")
 OUTPUT_KEYS = rollout.AGENT_KEYS  # policy_logits, baseline, action, policy_version
+
+# The parts of the server's time, in order: idle until an actor asks, then each part of
+# one pass: new weights (when the learner published some), the rows to the device, the
+# forward pass, the outputs to the rows, the answers.
+PASS_PARTS = ("waiting", "weights", "gather", "forward", "return", "answer")
+
+START_TIMEOUT_S = 300.0  # building the model, and CUDA's first start on a busy machine
+STOP_TIMEOUT_S = 5.0
 
 
 @dataclasses.dataclass
@@ -64,6 +84,44 @@ class InferenceSlots:
         )
 
 
+@dataclasses.dataclass
+class InferenceFigures:
+    """What the server did so far, in shared memory: the learner process reads it for the
+    benchmark."""
+
+    seconds: torch.Tensor  # float64 [len(PASS_PARTS) + 1]: wall-clock per part, then CPU
+    passes: torch.Tensor  # int64 [num_actors + 1]: forward passes that served n actors
+
+    @classmethod
+    def allocate(cls, num_actors: int) -> InferenceFigures:
+        return cls(
+            seconds=torch.zeros(len(PASS_PARTS) + 1, dtype=torch.float64).share_memory_(),
+            passes=torch.zeros(num_actors + 1, dtype=torch.int64).share_memory_(),
+        )
+
+    def seconds_by_part(self) -> dict[str, float]:
+        """Wall-clock seconds in each of PASS_PARTS, and the server's CPU seconds ("cpu")."""
+        return dict(zip((*PASS_PARTS, "cpu"), self.seconds.tolist(), strict=True))
+
+    def batch_sizes(self) -> dict[int, int]:
+        """Actors per forward pass -> passes."""
+        return {size: count for size, count in enumerate(self.passes.tolist()) if count}
+
+
+@dataclasses.dataclass
+class CentralInference:
+    """What the actors and the inference process share (``ActorShared.inference``), and
+    what the process builds its model from."""
+
+    slots: InferenceSlots
+    figures: InferenceFigures
+    config: dict  # the model's
+    env_spec: EnvSpec
+    device: str  # the learner's
+    compute_dtype: torch.dtype  # the learner's torso's (``--precision``)
+    seed: int | None  # the server's sampling (``--seed``'s)
+
+
 class RemotePolicy:
     """An actor's end: called as the model would be, it asks the server instead."""
 
@@ -81,19 +139,14 @@ class RemotePolicy:
         for shared, state in zip(self.slots.core_state, core_state, strict=True):
             shared[self.row].copy_(state)
         self.conn.send_bytes(b"?")
-        self.conn.recv_bytes()  # EOFError when the learner is gone: the actor ends
+        self.conn.recv_bytes()  # EOFError when the server is gone: the actor ends
         outputs = {key: self.slots.outputs[key][self.row].clone()[None] for key in OUTPUT_KEYS}
         return outputs, tuple(shared[self.row].clone() for shared in self.slots.core_state)
 
 
-# The parts of the server's time, in order: idle until an actor asks, then each part of
-# one pass (see ``InferenceServer.seconds``).
-PASS_PARTS = ("waiting", "gather", "forward", "return", "answer")
-
-
 class InferenceServer:
-    """The learner process's end: a model with the weights last published, on the
-    learner's device, and the thread that answers the actors.
+    """A model with the weights last published, on the learner's device, answering the
+    actors whose pipes it was given.
 
     A pass gathers the rows of the actors waiting into host buffers allocated once (pinned
     on a GPU, so that the copies to and from the device are asynchronous), runs one
@@ -103,28 +156,17 @@ class InferenceServer:
     def __init__(
         self,
         model: nn.Module,
-        config: dict,
-        env_spec: EnvSpec,
         slots: InferenceSlots,
-        fail: Callable[[str], None],
+        figures: InferenceFigures,
+        weights: SharedWeights,
     ):
+        """``model``: an inference copy of the learner's, on the learner's device."""
+        self.model = model.train()  # samples actions, as an actor's copy does
         self.device = next(model.parameters()).device
-        # The learner's device, so the learner's precision.
-        self.model = create_model(
-            config,
-            env_spec.observation_shape,
-            env_spec.num_actions,
-            compute_dtype=model.compute_dtype,
-            inference_only=True,
-        )
-        self.model.to(self.device).train()  # samples actions, as an actor's copy does
         self.generator = sampling_generator(self.device)
-        # On a GPU, inference queues its copies and forward passes on a stream of its own,
-        # not behind the learner's update and batch copies on the default stream, and
-        # waits for its outputs on an event that sleeps rather than spins: the cores
-        # belong to the actors' environments.
         on_gpu = self.device.type == "cuda"
-        self.stream = torch.cuda.Stream(self.device) if on_gpu else None
+        # One wait per pass, on an event that sleeps rather than spins: the cores belong
+        # to the actors' environments.
         self.outputs_ready = torch.cuda.Event(blocking=True) if on_gpu else None
         self.slots = slots
         self.staged = InferenceSlots(  # the rows of one pass, in the order asked
@@ -132,58 +174,38 @@ class InferenceServer:
             outputs={key: host_buffer(value, on_gpu) for key, value in slots.outputs.items()},
             core_state=tuple(host_buffer(state, on_gpu) for state in slots.core_state),
         )
-        self.fail = fail
-        self.lock = threading.Lock()  # the weights: publish, or a forward pass
-        self.publish(model)
+        self.weights = weights
+        self.version = -1  # of the weights the model holds
+        self.seconds = figures.seconds.numpy()  # written here, read by the learner process
+        self.passes = figures.passes.numpy()
         self.conns: dict[Connection, int] = {}  # pipe -> actor index
         self.conns_lock = threading.Lock()
         self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._serve, name="inference", daemon=True)
-        self.batch_sizes: dict[int, int] = {}  # actors per forward pass -> passes
-        # Wall-clock seconds so far in each of PASS_PARTS, and the thread's CPU seconds.
-        self.seconds = dict.fromkeys((*PASS_PARTS, "cpu"), 0.0)
-
-    def publish(self, model: nn.Module) -> None:
-        """Copies the learner's new weights in, between two forward passes."""
-        with self.lock:
-            copy_weights(self.model, model)
-            if self.stream is not None:  # the next forward pass waits for this copy
-                self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
     def add(self, actor_index: int, conn: Connection) -> None:
         """Serves a (new) actor from now on."""
         with self.conns_lock:
             self.conns[conn] = actor_index
 
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        """Stops answering; closing the pipes ends any actor waiting for its actions."""
-        self.stopping.set()
-        if self.thread.is_alive():
-            self.thread.join()
+    def serve(self) -> None:
+        """Answers the actors until ``stopping`` is set; then closes their pipes, which
+        ends any actor waiting for its actions."""
+        clock = PassClock(self.seconds)
+        while not self.stopping.is_set():
+            actors, answers = self._requests()
+            clock.lap("waiting")
+            if actors:
+                self.infer(actors, clock)
+                for conn in answers:
+                    try:
+                        conn.send_bytes(b"!")
+                    except OSError:
+                        pass  # it died meanwhile; the next wait sees its pipe close
+                clock.lap("answer")
         with self.conns_lock:
             for conn in self.conns:
                 conn.close()
             self.conns.clear()
-
-    def _serve(self) -> None:
-        try:
-            clock = PassClock(self.seconds)
-            while not self.stopping.is_set():
-                actors, answers = self._requests()
-                clock.lap("waiting")
-                if actors:
-                    self.infer(actors, clock)
-                    for conn in answers:
-                        try:
-                            conn.send_bytes(b"!")
-                        except OSError:
-                            pass  # it died meanwhile; the next wait sees its pipe close
-                    clock.lap("answer")
-        except Exception as error:  # without inference no actor moves: stop the run
-            self.fail(f"central inference failed: {error!r}")
 
     def _requests(self) -> tuple[list[int], list[Connection]]:
         """The actors that asked (waiting up to 0.1 s for one), and their pipes."""
@@ -205,18 +227,17 @@ class InferenceServer:
     def infer(self, actors: list[int], clock: PassClock | None = None) -> None:
         """One forward pass for the requests of ``actors``; their rows get the outputs."""
         clock = clock or PassClock(self.seconds)
-        self.batch_sizes[len(actors)] = self.batch_sizes.get(len(actors), 0) + 1
+        self.passes[len(actors)] += 1
+        self.version = self.weights.read_into(self.model, self.version)
+        clock.lap("weights")
         rows = torch.tensor(actors)
-        with (
-            torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-        ):
-            inputs, core_state = self._gather(rows)
-            clock.lap("gather")
-            with self.lock, torch.inference_mode():
-                outputs, core_state = self.model(inputs, core_state, generator=self.generator)
-            clock.lap("forward")
-            self._return(rows, outputs, core_state)
-            clock.lap("return")
+        inputs, core_state = self._gather(rows)
+        clock.lap("gather")
+        with torch.inference_mode():
+            outputs, core_state = self.model(inputs, core_state, generator=self.generator)
+        clock.lap("forward")
+        self._return(rows, outputs, core_state)
+        clock.lap("return")
 
     def _gather(self, rows: torch.Tensor) -> tuple[dict[str, torch.Tensor], CoreState]:
         """The rows' inputs [1, N x E, ...] and core state [layers, N x E, H], on the device."""
@@ -259,15 +280,147 @@ def host_buffer(like: torch.Tensor, pinned: bool) -> torch.Tensor:
 
 
 class PassClock:
-    """Adds the wall-clock time since its last lap to one part of ``seconds``, and the
-    thread's CPU time to ``seconds["cpu"]``."""
+    """Adds the wall-clock time since its last lap to one part of ``seconds`` (an array
+    in PASS_PARTS's order, then CPU), and the thread's CPU time to its last entry."""
 
-    def __init__(self, seconds: dict[str, float]):
+    PART_INDEX = {part: index for index, part in enumerate(PASS_PARTS)}
+
+    def __init__(self, seconds):
         self.seconds = seconds
         self.wall, self.cpu = time.perf_counter(), time.thread_time()
 
     def lap(self, part: str) -> None:
         wall, cpu = time.perf_counter(), time.thread_time()
-        self.seconds[part] += wall - self.wall
-        self.seconds["cpu"] += cpu - self.cpu
+        self.seconds[self.PART_INDEX[part]] += wall - self.wall
+        self.seconds[-1] += cpu - self.cpu
         self.wall, self.cpu = wall, cpu
+
+
+# --------------------------------------------------------------------------- the process
+
+
+def inference_process(
+    central: CentralInference, weights: SharedWeights, control: Connection
+) -> None:
+    """The inference process: serves until the learner process says stop (or is gone).
+    ``control`` brings the inference ends of the actors' pipes and the stop; it takes back
+    "ready" once the model is built, or the error that stopped the server."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when it stops
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    die_with_parent()
+    torch.set_num_threads(1)  # its CPU work is copies; the cores are the actors'
+    try:
+        server = build_server(central, weights)
+        control.send(("ready", None))
+        threading.Thread(target=take_orders, args=(control, server), daemon=True).start()
+        server.serve()
+    except Exception:
+        try:
+            control.send(("error", traceback.format_exc()))
+        except OSError:
+            pass
+        raise SystemExit(1) from None
+
+
+def build_server(central: CentralInference, weights: SharedWeights) -> InferenceServer:
+    """The server of the process: an inference copy of the learner's model on its device,
+    sampling from a seed of its own (no actor's: theirs number from 0)."""
+    seed = envs.worker_seed(central.seed, -1, 1)
+    if seed is None:
+        torch.seed()
+    else:
+        torch.manual_seed(seed)
+    model = create_model(
+        central.config,
+        central.env_spec.observation_shape,
+        central.env_spec.num_actions,
+        compute_dtype=central.compute_dtype,
+        inference_only=True,
+    )
+    return InferenceServer(model.to(central.device), central.slots, central.figures, weights)
+
+
+def take_orders(control: Connection, server: InferenceServer) -> None:
+    """Adds the actors' pipes the learner process sends; stops the server on None, or when
+    the learner process is gone."""
+    while True:
+        try:
+            order = control.recv()
+        except (EOFError, OSError):
+            order = None
+        if order is None:
+            server.stopping.set()
+            return
+        actor_index, conn = order
+        server.add(actor_index, conn)
+
+
+class InferenceProcess:
+    """The learner process's handle on the inference process."""
+
+    def __init__(
+        self, context: mp.context.BaseContext, central: CentralInference, weights: SharedWeights
+    ):
+        self.control, self.child_control = context.Pipe()
+        self.process = context.Process(
+            target=inference_process,
+            name="inference",
+            args=(central, weights, self.child_control),
+            daemon=True,
+        )
+        self.send_lock = threading.Lock()  # actors' pipes, from the dispatcher and start
+        self.started = False
+
+    def start(self) -> str | None:
+        """Starts the process and waits until it serves; the error that stopped it, if
+        any, as one line (the whole of it is logged)."""
+        with signals_blocked():
+            self.process.start()
+        self.started = True
+        self.child_control.close()  # so that this end sees EOF when the process dies
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.control.poll(0.1):
+            if not self.process.is_alive() or time.monotonic() > deadline:
+                return self.death()
+        return self.read_failure()
+
+    def add(self, actor_index: int, conn: Connection) -> None:
+        """Hands the inference end of an actor's pipe over (and closes it here)."""
+        try:
+            with self.send_lock:
+                self.control.send((actor_index, conn))
+        except OSError:
+            pass  # the process is gone; the dispatcher says so
+        conn.close()
+
+    def read_failure(self) -> str | None:
+        """What the process sent: None for "ready"; else why it stopped."""
+        try:
+            kind, payload = self.control.recv()
+        except (EOFError, OSError):
+            return self.death()
+        if kind == "error":
+            log.error("Central inference failed:\n%s", payload)
+            return f"central inference failed: {last_line(payload)} (traceback in out.log)"
+        return None
+
+    def death(self) -> str:
+        self.process.join(1.0)
+        if self.process.is_alive():
+            return f"central inference did not start within {START_TIMEOUT_S:.0f} s"
+        return (
+            f"the central inference process died (exit code {self.process.exitcode}); "
+            "see out.log, and check memory"
+        )
+
+    def stop(self) -> None:
+        """Stops the server; its actors waiting for actions end on their pipes' EOF."""
+        try:
+            with self.send_lock:
+                self.control.send(None)
+        except OSError:
+            pass
+        if self.started:
+            join_or_kill([self.process], STOP_TIMEOUT_S)
+        self.control.close()

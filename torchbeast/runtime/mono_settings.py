@@ -15,7 +15,8 @@ class MonoSettings:
 
     central_inference: bool = flag(
         False,
-        "(new) MonoBeast: actors only step their environments; one thread of the "
-        "learner process runs one batched forward pass for every actor waiting, on the "
-        "learner's device (the GPU where there is one), as SEED RL and Sample Factory do.",
+        "(new) MonoBeast: actors only step their environments; an inference process "
+        "beside the learner's runs one batched forward pass for every actor waiting, on the "
+        "learner's device (the GPU where there is one), as Sample Factory's policy workers "
+        "do.",
     )

@@ -1,0 +1,45 @@
+"""The weights MonoBeast's learner publishes for whoever chooses the actions (its actor
+processes, or the central inference process): in shared memory, under a seqlock."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from torchbeast.core import weights
+
+
+class SharedWeights:
+    """Model parameters in shared memory, published with a version (a seqlock).
+
+    The version is odd while the learner writes. A reader copies, then checks that the
+    version did not move; if it did, it copies again. No lock is shared with actors, so
+    an actor killed mid-copy cannot block the learner.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.flat = torch.zeros(weights.num_weights(model)).share_memory_()
+        self.version = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self.policy_version = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    def publish(self, model: nn.Module) -> None:
+        self.version += 1
+        weights.flatten(model, out=self.flat)
+        self.policy_version.copy_(model.policy_version)
+        self.version += 1
+
+    def read_into(self, model: nn.Module, known_version: int) -> int:
+        """Copies newer weights into ``model``; returns the version it now holds."""
+        while True:
+            before = int(self.version)
+            if before == known_version:
+                return known_version
+            if before % 2:
+                time.sleep(0.0005)
+                continue
+            weights.load_flat(model, self.flat)
+            model.policy_version.copy_(self.policy_version)
+            if int(self.version) == before:
+                return before
