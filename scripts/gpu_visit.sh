@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One visit to a GPU machine (16 cores, one NVIDIA GPU), in one call, in the order of what
 # the scale-up issue still needs:
-#   1. the CUDA tests of the update graph and of central inference (its pinned buffers,
-#      its own stream, one wait per pass: never yet run on a GPU);
-#   2. central inference at the machine's layout (16 x 8): its table says where a pass's
-#      time goes, the first look at why it topped out at 8,200-8,900 SPS (visit 3);
+#   1. the CUDA tests of the update graph and of central inference (now a process of its
+#      own, with pinned buffers and one wait per pass: never yet run on a GPU);
+#   2. central inference at the machine's layout (16 x 8): as a thread of the learner it
+#      topped out at 8,200-8,900 SPS (visit 3); its table says where a pass's time goes;
 #   3. Pong from scratch in two seeds with the defaults (16 x 8, B=32, the update as one
 #      CUDA graph) and PONG_FLAGS, each stopped at a 100-episode mean of +18, 2.5M steps
 #      or its share of the time: the issue's "+18 within 5 minutes and 2.5M steps, two

@@ -96,11 +96,11 @@ def test_idle_cores_and_a_waiting_learner_mean_too_few_actors():
     )
 
 
-def test_a_busy_central_inference_thread_bounds_the_run():
+def test_a_busy_central_inference_server_bounds_the_run():
     # The learner idles and half the cores too: the actors wait for their actions.
     waiting = figures(8000, [0.68, 0.05, 0.08, 0.16], 0.2, cores=16)
     busy = waiting | {"inference": dict(busy=0.95)}
-    assert bound_by(busy) == "central inference (its thread busy 95%)"
+    assert bound_by(busy) == "central inference (busy 95% of the time)"
     assert bound_by(waiting | {"inference": dict(busy=0.5)}) == (
         "actors (cores idle, learner waiting)"
     )
@@ -123,7 +123,7 @@ def test_central_inference_figures_are_those_of_the_window():
     )
 
 
-def test_bench_reports_what_the_central_inference_thread_did(tmp_path):
+def test_bench_reports_what_the_central_inference_server_did(tmp_path):
     path = tmp_path / "bench.json"
     command = [sys.executable, "-m", "torchbeast.bench", *SMALL, "--central_inference"]
     command += ["--json", str(path)]
@@ -136,6 +136,10 @@ def test_bench_reports_what_the_central_inference_thread_did(tmp_path):
         result.stdout,
     )
     assert line is not None, result.stdout
+    stages = json.loads(path.read_text())["stages"]
+    names = ["env", "inference", "actor other", "central inference", "learner process"]
+    assert list(stages) == names
+    assert stages["central inference"] > 0  # the inference process's CPU
     figures = json.loads(path.read_text())["inference"]
     assert 0 < figures["busy"] <= 1 and figures["cpu_cores"] > 0
     assert 1 <= figures["actors_per_pass"] <= 2  # 2 actors

@@ -111,8 +111,8 @@ def test_polybeast_streams_write_the_rollout_layout(tmp_path):
 
 
 def test_polybeast_inference_samples_from_its_own_generator():
-    """As MonoBeast's central inference: its threads sample beside the learner's, whose
-    CUDA-graph capture owns the device's default generator meanwhile."""
+    """Its threads sample beside the learner's, whose CUDA-graph capture owns the device's
+    default generator meanwhile."""
     settings = small_settings()
     spec = envs.env_spec(settings.env)
     config = model_config(settings.model, spec.observation_shape)

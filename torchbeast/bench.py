@@ -7,13 +7,14 @@
 
 Takes every training flag; its defaults are the original's batch shape and one gradient
 step per batch (``--epochs 1 --ppo_clip 0``), so that its figure measures the data path
-and compares with the original's. After ``--warmup_steps`` it measures ``--bench_steps`` agent
-steps: wall-clock SPS, and CPU milliseconds per agent step in each stage. MonoBeast and
-RayBeast: stepping environments, actor inference, elsewhere in actors, and the learner
-process (batching, learning, publishing weights; for RayBeast the Ray driver, without
-Ray's own daemons). PolyBeast: the env server processes (envs and gRPC) and the learner
-process (gRPC, batched inference, learning). The stage costs imply a ceiling: cores /
-total CPU per step.
+and compares with the original's. After ``--warmup_steps`` it measures ``--bench_steps``
+agent steps: wall-clock SPS, and CPU milliseconds per agent step in each stage.
+MonoBeast and RayBeast: stepping environments, actor inference, elsewhere in actors, and
+the learner process (batching, learning, publishing weights; for RayBeast the Ray
+driver, without Ray's own daemons); with ``--central_inference``, the inference process
+too. PolyBeast: the env server processes (envs and gRPC) and the learner process (gRPC,
+batched inference, learning). The stage costs imply a ceiling: cores / total CPU per
+step.
 
 The same layout for every runtime: MonoBeast runs ``num_actors`` processes of
 ``envs_per_actor`` envs, RayBeast as many Ray actors; PolyBeast runs ``num_actors`` env
@@ -92,7 +93,7 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
 
 
 def central_inference_totals(trainer: Trainer) -> dict[str, float] | None:
-    """The central inference thread's seconds by part so far, with its passes and the
+    """The central inference server's seconds by part so far, with its passes and the
     actors they served; None where actors run their own inference."""
     seconds = trainer.pool.inference_seconds()
     if not seconds:
@@ -105,7 +106,7 @@ def central_inference_totals(trainer: Trainer) -> dict[str, float] | None:
 def central_inference_figures(
     before: dict[str, float], after: dict[str, float], elapsed: float
 ) -> dict:
-    """What the central inference thread did in the window: busy (the share of the time
+    """What the central inference server did in the window: busy (the share of the time
     it was not waiting for requests), its CPU in cores, actors per pass, and the
     milliseconds per pass of each part of a pass."""
     delta = {name: after[name] - before[name] for name in after}
@@ -158,7 +159,7 @@ BUSY = 0.9
 def bound_by(result: dict) -> str:
     """Which stage sets a run's speed, from its measured figures: the learner when it is
     busy updating nearly all the time (more actors cannot help); else central inference,
-    when its thread is (the actors wait for their actions); else the CPU when every core is
+    when its server is (the actors wait for their actions); else the CPU when every core is
     busy (its largest stage named); else the actors, which leave cores idle and the learner
     waiting (more actors, or more envs each, would help)."""
     stages = result["stages"]
@@ -167,7 +168,7 @@ def bound_by(result: dict) -> str:
         return "learner" + (f" (GPU {gpu:.0f}% busy)" if gpu is not None else "")
     inference = result.get("inference")
     if inference is not None and inference["busy"] >= BUSY:
-        return f"central inference (its thread busy {100 * inference['busy']:.0f}%)"
+        return f"central inference (busy {100 * inference['busy']:.0f}% of the time)"
     cores_used = sum(stages.values()) * result["sps"] / 1e3
     if cores_used >= BUSY * result["cores"]:
         largest = max(stages, key=stages.get)

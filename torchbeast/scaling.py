@@ -135,7 +135,7 @@ def format_row(row: dict) -> str:
 
 
 def inference_table(rows: list[dict]) -> str:
-    """What the central inference thread did in each row that had one (``bench``'s
+    """What the central inference server did in each row that had one (``bench``'s
     figures), as a table of its own; "" where no row had one."""
     lines = []
     for row in rows:

@@ -49,6 +49,7 @@ from torchbeast.runtime.mono_inference import (
 )
 from torchbeast.runtime.mono_weights import SharedWeights
 from torchbeast.runtime.pool import Pool, actor_stage_totals
+from torchbeast.runtime.processes import process_cpu_seconds
 from torchbeast.runtime.supervision import (
     RestartBudget,
     join_or_kill,
@@ -315,9 +316,12 @@ class ActorPool(Pool):
         self.shared.weights.publish(model)
 
     def stage_totals(self) -> dict[str, float]:
-        """The actors' CPU seconds: stepping envs, inference (none with central inference:
-        the learner process's), and the rest."""
-        return actor_stage_totals(self.shared.timings.sum(0).numpy())
+        """The actors' CPU seconds: stepping envs, inference (with central inference only
+        handing over the rows), and the rest; and the central inference process's."""
+        totals = actor_stage_totals(self.shared.timings.sum(0).numpy())
+        if self.inference is not None:
+            totals["central inference"] = process_cpu_seconds([self.inference.process.pid])
+        return totals
 
     def inference_batch_sizes(self) -> dict[int, int]:
         return {} if self.inference is None else self.shared.inference.figures.batch_sizes()

@@ -266,7 +266,7 @@ class InferenceServer:
             by_actor = state.unflatten(1, (count, envs)).transpose(0, 1)  # [N, layers, E, H]
             staged[:count].copy_(by_actor, non_blocking=True)
         if self.outputs_ready is not None:
-            self.outputs_ready.record(self.stream)
+            self.outputs_ready.record()  # after the copies, on the current stream
             self.outputs_ready.synchronize()
         for key, shared in self.slots.outputs.items():
             shared.index_copy_(0, rows, self.staged.outputs[key][:count])
