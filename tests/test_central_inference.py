@@ -30,7 +30,9 @@ from torchbeast.core.models import create_model
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.mono_inference import (
     PASS_PARTS,
+    CentralInference,
     InferenceFigures,
+    InferenceProcess,
     InferenceServer,
     InferenceSlots,
 )
@@ -208,6 +210,33 @@ def test_inference_runs_in_a_process_of_its_own_and_its_death_ends_the_run(tmp_p
     state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)
     assert state["step"] == int(read_rows(logs)[-1]["step"]) > 0
     wait_for(lambda: not any(alive(pid) for pid in children), 10, "the actors to exit")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_server_that_cannot_start_says_why_in_one_line():
+    """Its process builds the model on the learner's device; where that fails (here: a
+    CUDA device on a machine without one), starting it gives the error's last line."""
+    config = dict(LSTM, use_lstm=False)
+    learner_model = create_model(config, SPEC.observation_shape, SPEC.num_actions)
+    central = CentralInference(
+        slots=InferenceSlots.allocate(SPEC, learner_model, 1, 2),
+        figures=InferenceFigures.allocate(1),
+        config=config,
+        env_spec=SPEC,
+        device="cuda:0",
+        compute_dtype=torch.float32,
+        seed=1,
+    )
+    server = InferenceProcess(
+        multiprocessing.get_context("spawn"), central, SharedWeights(learner_model)
+    )
+    try:
+        failure = server.start()
+    finally:
+        server.stop()
+    assert failure is not None and failure.startswith("central inference failed: ")
+    assert "CUDA" in failure and failure.endswith("(traceback in out.log)")
+    assert not server.process.is_alive()
 
 
 def test_an_lstm_trains_with_central_inference(tmp_path):

@@ -13,7 +13,7 @@
 Each actor talks to the learner only through its own pipe, so an actor that is killed
 takes no lock with it: the dispatcher sees the pipe close, takes back the slots the actor
 held, and starts a new one. A learner that dies closes the pipes and the actors exit. The
-actor's side, and the shared weights, are ``runtime.mono_actor``'s. With
+actor's side is ``runtime.mono_actor``'s, the shared weights ``runtime.mono_weights``'. With
 ``--central_inference`` the actors hold no weights: an inference process beside the
 learner's chooses their actions (``runtime.mono_inference``), through a second pipe per
 actor; the dispatcher watches it too.
