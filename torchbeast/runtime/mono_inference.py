@@ -381,8 +381,10 @@ class InferenceProcess:
         self.child_control.close()  # so that this end sees EOF when the process dies
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.control.poll(0.1):
-            if not self.process.is_alive() or time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 return self.death()
+            if not self.process.is_alive():
+                break  # its pipe holds the error it sent, or nothing but the end
         return self.read_failure()
 
     def add(self, actor_index: int, conn: Connection) -> None:
