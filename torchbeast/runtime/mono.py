@@ -110,7 +110,7 @@ class ActorPool(Pool):
         )
         self.inference: InferenceProcess | None = None
         if settings.runtime.central_inference:
-            self.shared.inference = CentralInference(
+            central = CentralInference(
                 slots=InferenceSlots.allocate(
                     env_spec, learner_model, num_actors, self.envs_per_actor
                 ),
@@ -121,7 +121,8 @@ class ActorPool(Pool):
                 compute_dtype=learner_model.compute_dtype,
                 seed=settings.env.seed,
             )
-            self.inference = InferenceProcess(self.context, self.shared.inference, weights)
+            self.shared.inference = central.slots  # all that the actors need of it
+            self.inference = InferenceProcess(self.context, central, weights)
 
         self.free_slots: collections.deque[int] = collections.deque(range(num_buffers))
         self.full_slots: queue.Queue[int] = queue.Queue()
@@ -148,7 +149,7 @@ class ActorPool(Pool):
             log.info(
                 "Central inference runs in process %d, on %s.",
                 self.inference.process.pid,
-                self.shared.inference.device,
+                self.inference.central.device,
             )
         for actor_index in range(len(self.incarnations)):
             self._start_actor(actor_index)
@@ -324,12 +325,12 @@ class ActorPool(Pool):
         return totals
 
     def inference_batch_sizes(self) -> dict[int, int]:
-        return {} if self.inference is None else self.shared.inference.figures.batch_sizes()
+        return {} if self.inference is None else self.inference.central.figures.batch_sizes()
 
     def inference_seconds(self) -> dict[str, float]:
         if self.inference is None:
             return {}
-        return self.shared.inference.figures.seconds_by_part()
+        return self.inference.central.figures.seconds_by_part()
 
 
 # --------------------------------------------------------------------------- training

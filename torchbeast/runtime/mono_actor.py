@@ -17,7 +17,7 @@ import torch
 from torchbeast.config.settings import Settings
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.acting import Unroller, actor_seed
-from torchbeast.runtime.mono_inference import CentralInference, RemotePolicy
+from torchbeast.runtime.mono_inference import InferenceSlots, RemotePolicy
 from torchbeast.runtime.mono_weights import SharedWeights
 from torchbeast.runtime.processes import die_with_parent
 from torchbeast.runtime.supervision import STOP_SIGNALS
@@ -36,7 +36,7 @@ class ActorShared:
     initial_core_states: tuple[torch.Tensor, ...]  # [num_buffers, layers, H] each
     weights: SharedWeights
     timings: torch.Tensor  # [num_actors, 4]: env, inference, all CPU seconds; steps
-    inference: CentralInference | None = None  # with --central_inference
+    inference: InferenceSlots | None = None  # with --central_inference
     niceness: int = 0  # added to the actors' niceness (layout.actor_niceness)
 
 
@@ -78,7 +78,7 @@ def run_actor(
     settings = shared.settings
     seed = actor_seed(settings, actor_index, incarnation)
     remote = inference_conn is not None and shared.inference is not None
-    policy = RemotePolicy(shared.inference.slots, actor_index, inference_conn) if remote else None
+    policy = RemotePolicy(shared.inference, actor_index, inference_conn) if remote else None
     unroller = Unroller(settings, shared.env_spec, shared.config, seed, policy)
     version = -1 if remote else shared.weights.read_into(unroller.model, -1)
     cpu_mark = time.process_time()

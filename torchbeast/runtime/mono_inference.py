@@ -110,8 +110,8 @@ class InferenceFigures:
 
 @dataclasses.dataclass
 class CentralInference:
-    """What the actors and the inference process share (``ActorShared.inference``), and
-    what the process builds its model from."""
+    """What the inference process works with: the actors' slots (all that the actors get
+    of it, as ``ActorShared.inference``), its figures, and what it builds its model from."""
 
     slots: InferenceSlots
     figures: InferenceFigures
@@ -362,6 +362,7 @@ class InferenceProcess:
     def __init__(
         self, context: mp.context.BaseContext, central: CentralInference, weights: SharedWeights
     ):
+        self.central = central
         self.control, self.child_control = context.Pipe()
         self.process = context.Process(
             target=inference_process,

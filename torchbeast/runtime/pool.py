@@ -41,7 +41,7 @@ class Pool(Supervised):
         return {}
 
     def inference_seconds(self) -> dict[str, float]:
-        """Where one thread serves every actor's inference (MonoBeast's
+        """Where one server answers every actor's inference (MonoBeast's
         ``--central_inference``): its wall-clock seconds so far idle ("waiting") and in each
         part of its passes (``mono_inference.PASS_PARTS``), and its CPU seconds ("cpu");
         {} elsewhere."""
