@@ -104,7 +104,7 @@ while True:
         stop = stop or mean >= 18 or int(row["step"]) >= cap
     if table and (time.time() - last_copy > 20 or not alive or stop):
         last_copy = time.time()
-        subprocess.run(f"gzip -c {path} > {keep}_logs.csv.gz", shell=True)
+        subprocess.run(f"gzip -c < {path} > {keep}_logs.csv.gz", shell=True)  # stdin: no warning as it grows
         for name in ("out.log", "meta.json"):
             if os.path.exists(os.path.join(os.path.dirname(path), name)):
                 shutil.copy(os.path.join(os.path.dirname(path), name), f"{keep}_{name}")
