@@ -3,6 +3,7 @@
 import threading
 import time
 
+import pytest
 import torch
 from torch import nn
 
@@ -38,8 +39,10 @@ def test_read_of_a_known_version_copies_nothing():
     assert all(torch.all(p == 7.0) for p in reader.parameters())
 
 
-def test_reader_never_sees_a_mix_of_two_publications():
+@pytest.mark.parametrize("staged", [False, True], ids=["straight", "through a staging buffer"])
+def test_reader_never_sees_a_mix_of_two_publications(staged):
     weights = SharedWeights(filled_model(0.0))
+    staging = torch.empty_like(weights.flat) if staged else None
     writers_models = [filled_model(float(k)) for k in range(1, 6)]
     stop = threading.Event()
 
@@ -57,7 +60,8 @@ def test_reader_never_sees_a_mix_of_two_publications():
     reader, mixed, version = filled_model(0.0), 0, -1
     try:
         for _ in range(300):
-            version = weights.read_into(reader, version - 1)  # force a copy every time
+            # version - 1: a copy every time
+            version = weights.read_into(reader, version - 1, staging)
             values = torch.cat([p.flatten() for p in reader.parameters()])
             mixed += int(not torch.all(values == values[0]))
     finally:
@@ -65,3 +69,16 @@ def test_reader_never_sees_a_mix_of_two_publications():
         writer.join()
     assert version > 0 and version % 2 == 0
     assert mixed == 0
+
+
+def test_a_read_through_a_staging_buffer_brings_the_weights_and_their_policy_version():
+    weights = SharedWeights(filled_model(0.0))
+    writer = filled_model(3.0)
+    writer.policy_version.fill_(11)
+    weights.publish(writer)
+    reader, staging = filled_model(0.0), torch.empty_like(weights.flat)
+
+    assert weights.read_into(reader, -1, staging) == 2
+    assert all(torch.all(p == 3.0) for p in reader.parameters())
+    assert int(reader.policy_version) == 11
+    assert torch.all(staging == 3.0)

@@ -218,13 +218,18 @@ class Agent(nn.Module):
             policy_version=self.policy_version.expand(T, B),
         )
         if act:
-            if self.training:
-                probabilities = F.softmax(policy_logits, dim=1)
-                action = torch.multinomial(probabilities, num_samples=1, generator=generator)
-            else:
-                action = torch.argmax(policy_logits, dim=1)
-            outputs["action"] = action.view(T, B)
+            outputs["action"] = self.choose(policy_logits, generator).view(T, B)
         return outputs, core_state
+
+    def choose(
+        self, policy_logits: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """Actions [N] for ``policy_logits`` [N, A]: sampled in training mode (from
+        ``generator``, else the default one), the most likely in eval mode."""
+        if self.training:
+            probabilities = F.softmax(policy_logits, dim=1)
+            return torch.multinomial(probabilities, num_samples=1, generator=generator)[:, 0]
+        return torch.argmax(policy_logits, dim=1)
 
 
 def sampling_generator(device: torch.device) -> torch.Generator:

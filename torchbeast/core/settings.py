@@ -150,8 +150,9 @@ class LearnerSettings:
         "auto",
         "(new) auto: where the learner is on a GPU, each update runs as one CUDA graph "
         "(one launch instead of ~500: on an H200 2.3-3.0 ms per update instead of 15), "
-        "checked once against an eager update, and eager if they differ; the log says "
-        "which. off: eager updates.",
+        "checked once against an eager update, and eager if they differ; so do central "
+        "inference's forward passes (one graph per size of pass); the log says which. "
+        "off: eager updates and passes.",
     )
     ppo_clip: float = flag(
         0.2,

@@ -40,7 +40,8 @@ def flatten(model: nn.Module, out: torch.Tensor | None = None) -> torch.Tensor:
 
 
 @torch.no_grad()
-def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
-    """The parameters from one flat tensor (``flatten``'s)."""
+def load_flat(model: nn.Module, flat: torch.Tensor, non_blocking: bool = False) -> None:
+    """The parameters from one flat tensor (``flatten``'s); ``non_blocking``: copies from
+    pinned memory to a GPU that the host does not wait for."""
     for param, view in flat_views(model, flat):
-        param.copy_(view)
+        param.copy_(view, non_blocking=non_blocking)

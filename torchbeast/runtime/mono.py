@@ -120,6 +120,7 @@ class ActorPool(Pool):
                 device=str(next(learner_model.parameters()).device),
                 compute_dtype=learner_model.compute_dtype,
                 seed=settings.env.seed,
+                cuda_graphs=settings.learner.cuda_graphs == "auto",
             )
             self.shared.inference = central.slots  # all that the actors need of it
             self.inference = InferenceProcess(self.context, central, weights)
@@ -211,8 +212,10 @@ class ActorPool(Pool):
                 for conn in mp.connection.wait([*by_conn, *inference], timeout=0.1):
                     if conn in by_conn:
                         self._handle(by_conn[conn], conn)
-                    else:  # the inference process says nothing unless it stops
-                        self.fail(self.inference.read_failure() or "central inference stopped")
+                    else:  # the inference process: a line for the log, or why it stopped
+                        failure = self.inference.read_failure()
+                        if failure is not None:
+                            self.fail(failure)
         except Exception as error:  # without the dispatcher nothing moves: stop the run
             log.exception("The actor dispatcher failed.")
             self.fail(f"the actor dispatcher failed: {error!r}")

@@ -30,13 +30,15 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from torchbeast import envs
 from torchbeast.core import rollout
-from torchbeast.core.models import CoreState, create_model, sampling_generator
+from torchbeast.core.inference_graph import InferenceGraphs
+from torchbeast.core.models import Agent, CoreState, create_model, sampling_generator
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.mono_weights import SharedWeights
 from torchbeast.runtime.processes import die_with_parent
@@ -120,6 +122,7 @@ class CentralInference:
     device: str  # the learner's
     compute_dtype: torch.dtype  # the learner's torso's (``--precision``)
     seed: int | None  # the server's sampling (``--seed``'s)
+    cuda_graphs: bool = True  # its forward passes as CUDA graphs, on a GPU (``--cuda_graphs``)
 
 
 class RemotePolicy:
@@ -150,21 +153,30 @@ class InferenceServer:
 
     A pass gathers the rows of the actors waiting into host buffers allocated once (pinned
     on a GPU, so that the copies to and from the device are asynchronous), runs one
-    forward pass, and waits for the device once, for the outputs, before it writes them to
+    forward pass (on a GPU, replayed from a CUDA graph: ``core.inference_graph``), samples
+    the actions, and waits for the device once, for the outputs, before it writes them to
     the actors' rows."""
 
     def __init__(
         self,
-        model: nn.Module,
+        model: Agent,
         slots: InferenceSlots,
         figures: InferenceFigures,
         weights: SharedWeights,
+        cuda_graphs: bool = True,
     ):
-        """``model``: an inference copy of the learner's, on the learner's device."""
+        """``model``: an inference copy of the learner's, on the learner's device;
+        ``cuda_graphs``: its passes as CUDA graphs, where that device is a GPU."""
         self.model = model.train()  # samples actions, as an actor's copy does
         self.device = next(model.parameters()).device
         self.generator = sampling_generator(self.device)
         on_gpu = self.device.type == "cuda"
+        num_actors, envs_per_actor = slots.inputs["reward"].shape
+        self.graphs = (
+            InferenceGraphs(model, num_actors, envs_per_actor) if cuda_graphs and on_gpu else None
+        )
+        # Lines for the run's log (how the passes run), which the process sends on.
+        self.tell: Callable[[int, str], None] = log.log
         # One wait per pass, on an event that sleeps rather than spins: the cores belong
         # to the actors' environments.
         self.outputs_ready = torch.cuda.Event(blocking=True) if on_gpu else None
@@ -176,6 +188,8 @@ class InferenceServer:
         )
         self.weights = weights
         self.version = -1  # of the weights the model holds
+        # New weights arrive in one piece, in pinned memory, on a GPU.
+        self.weights_staging = host_buffer(weights.flat, pinned=True) if on_gpu else None
         self.seconds = figures.seconds.numpy()  # written here, read by the learner process
         self.passes = figures.passes.numpy()
         self.conns: dict[Connection, int] = {}  # pipe -> actor index
@@ -228,16 +242,50 @@ class InferenceServer:
         """One forward pass for the requests of ``actors``; their rows get the outputs."""
         clock = clock or PassClock(self.seconds)
         self.passes[len(actors)] += 1
-        self.version = self.weights.read_into(self.model, self.version)
+        self.version = self.weights.read_into(self.model, self.version, self.weights_staging)
         clock.lap("weights")
         rows = torch.tensor(actors)
         inputs, core_state = self._gather(rows)
         clock.lap("gather")
         with torch.inference_mode():
-            outputs, core_state = self.model(inputs, core_state, generator=self.generator)
+            outputs, core_state = self._forward(inputs, core_state)
         clock.lap("forward")
         self._return(rows, outputs, core_state)
         clock.lap("return")
+
+    def _forward(
+        self, inputs: dict[str, torch.Tensor], core_state: CoreState
+    ) -> tuple[dict[str, torch.Tensor], CoreState]:
+        """The pass's outputs [1, N x E, ...] (actions sampled) and next core state: from a
+        graph where there are graphs, else eagerly (for good, once a graph fails)."""
+        outputs = None
+        if self.graphs is not None:
+            first = not self.graphs.captured
+            try:
+                outputs, core_state_out = self.graphs.run(inputs, core_state)
+            except Exception as error:  # a capture that failed, or a graph that disagreed
+                self.graphs = None
+                self.tell(
+                    logging.WARNING,
+                    "Central inference's forward passes run eagerly, not as CUDA graphs: "
+                    f"{error}".strip(),
+                )
+            else:
+                if first:
+                    self.tell(
+                        logging.INFO,
+                        "Central inference's forward passes run as CUDA graphs (the first "
+                        "agreed with the eager pass).",
+                    )
+        if outputs is None:
+            outputs, core_state_out = self.model(inputs, core_state, act=False)
+        logits = outputs["policy_logits"]
+        return {
+            "policy_logits": logits,
+            "baseline": outputs["baseline"],
+            "action": self.model.choose(logits[0], self.generator)[None],
+            "policy_version": self.model.policy_version.expand(logits.shape[:2]),
+        }, core_state_out
 
     def _gather(self, rows: torch.Tensor) -> tuple[dict[str, torch.Tensor], CoreState]:
         """The rows' inputs [1, N x E, ...] and core state [layers, N x E, H], on the device."""
@@ -312,6 +360,7 @@ def inference_process(
     torch.set_num_threads(1)  # its CPU work is copies; the cores are the actors'
     try:
         server = build_server(central, weights)
+        server.tell = lambda level, line: control.send(("note", (level, line)))
         control.send(("ready", None))
         threading.Thread(target=take_orders, args=(control, server), daemon=True).start()
         server.serve()
@@ -338,7 +387,9 @@ def build_server(central: CentralInference, weights: SharedWeights) -> Inference
         compute_dtype=central.compute_dtype,
         inference_only=True,
     )
-    return InferenceServer(model.to(central.device), central.slots, central.figures, weights)
+    return InferenceServer(
+        model.to(central.device), central.slots, central.figures, weights, central.cuda_graphs
+    )
 
 
 def take_orders(control: Connection, server: InferenceServer) -> None:
@@ -398,11 +449,15 @@ class InferenceProcess:
         conn.close()
 
     def read_failure(self) -> str | None:
-        """What the process sent: None for "ready"; else why it stopped."""
+        """What the process sent: None for "ready", or for a line for the run's log (logged
+        here); else why it stopped."""
         try:
             kind, payload = self.control.recv()
         except (EOFError, OSError):
             return self.death()
+        if kind == "note":
+            log.log(*payload)
+            return None
         if kind == "error":
             log.error("Central inference failed:\n%s", payload)
             return f"central inference failed: {last_line(payload)} (traceback in out.log)"
