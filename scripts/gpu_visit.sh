@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # One visit to a GPU machine (16 cores, one NVIDIA GPU), in one call, in the order of what
 # the scale-up issue still needs:
-#   1. the CUDA tests of the update graph and of central inference (now a process of its
-#      own, with pinned buffers and one wait per pass: never yet run on a GPU);
-#   2. central inference at the machine's layout (16 x 8): as a thread of the learner it
-#      topped out at 8,200-8,900 SPS (visit 3); its table says where a pass's time goes;
-#   3. Pong from scratch in two seeds with the defaults (16 x 8, B=32, the update as one
-#      CUDA graph) and PONG_FLAGS, each stopped at a 100-episode mean of +18, 2.5M steps
-#      or its share of the time: the issue's "+18 within 5 minutes and 2.5M steps, two
-#      seeds"; their logs give the defaults' SPS on this machine too;
-#   4. with the time left (50 s or more), bf16 actors (`--precision auto`) at 16 x 8:
-#      whether the actors' CPU forward pass, which bounds the defaults (visit 3: env 0.66 +
-#      forward 0.57 ms per step per core), is cheaper on this CPU (AMX).
+#   1. the CUDA tests of the update graph and of central inference, whose forward passes
+#      now run as CUDA graphs (core/inference_graph.py) and whose weights arrive through
+#      pinned memory: never yet run on a GPU;
+#   2. Pong from scratch with the defaults (16 x 8, B=32, the update as one CUDA graph) and
+#      PONG_FLAGS, seed 2 (PONG_SEEDS), stopped at a 100-episode mean of +18, 2.5M steps or
+#      its share of the time: seed 1 reached +18 at 1.37M steps in 179 s on an H100
+#      (visit 4); seed 2 was cut off at +9.3 (1.64M, 200 s): the issue asks for two seeds;
+#   3. scaling rows at the machine's layout: the defaults (fp32 actors, the baseline of the
+#      rows after it on the same machine), then central inference at 16 x 8 and 32 x 8 (in
+#      visit 4, eager: 8,810 SPS at 16 x 8, its server busy 91%, 3.3 ms per pass of which
+#      forward 1.4 and weights 0.74);
+#   4. with the time left (50 s or more), bf16 actors (`--precision auto`) at 16 x 8
+#      (visit 4: 10,898 SPS, with no fp32 row beside it).
 # Everything it measures lands in $OUT.
 #
 #     OUT=/tmp/visit PONG_FLAGS="..." bash scripts/gpu_visit.sh [SECONDS]   # from the root
@@ -19,7 +21,7 @@
 # SECONDS (default 550) bounds the whole visit. Wheels in .whl/ (gymnasium, ale-py,
 # farama-notifications) are installed first where the machine lacks them. SMALL=1 shrinks
 # every run, to try the script on a machine without a GPU. Earlier visits' logs:
-# docs/runs/gpu_h200_visit*.log.
+# docs/runs/gpu_h200_visit*.log, docs/runs/gpu_h100_visit4.log.
 set -u
 started=$(date +%s)
 budget=${1:-550}
@@ -44,27 +46,25 @@ $PY -c "import torch, gymnasium, ale_py; print('torch', torch.__version__, \
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA', \
 'gymnasium', gymnasium.__version__, 'ale-py', ale_py.__version__)" || exit 1
 
-devices=cuda warmup=10000 steps=40000 layout=16x8 cap=2500000
+devices=cuda warmup=10000 steps=40000 layout=16x8 central_layouts=32x8 cap=2500000
 if [ "${SMALL:-0}" = 1 ]; then
-    devices=cpu warmup=500 steps=1000 layout=2x8 cap=3000
+    devices=cpu warmup=500 steps=1000 layout=2x8 central_layouts=2x4 cap=3000
 fi
 
 # 1. The CUDA tests (skipped where there is no CUDA).
 echo "== $(elapsed) s: the CUDA tests of the update graph and central inference"
 $PY -m pytest -q -p no:cacheprovider tests/test_update_graph.py tests/test_central_inference.py \
-    -k "cuda or graph" 2>&1 | tail -4
+    tests/test_inference_graph.py -k "cuda or graph" 2>&1 | tail -6
 
-# Scaling rows at the machine's layout (one run each).
-table() {  # NAME, then flags for every row of it
-    local name=$1
-    shift
+# Scaling rows at the machine's layouts (one run each).
+table() {  # NAME LAYOUTS, then flags for every row of it
+    local name=$1 layouts=$2
+    shift 2
     echo "== $(elapsed) s: table $name: $*"
     $PY -m torchbeast.scaling --devices $devices --warmup_steps $warmup --bench_steps $steps \
-        --json "$work/tables/$name.json" --layouts $layout "$@"
+        --json "$work/tables/$name.json" --layouts $layouts "$@"
     tar -czf "$out/tables.tar.gz" -C "$work" tables
 }
-# 2. Central inference, and where its passes' time goes.
-table central --central_inference
 
 # Pong from scratch, two seeds, each stopped (SIGTERM: it checkpoints and says where it
 # got) at a 100-episode mean of +18, at the step cap, or when its share of the time is up.
@@ -120,14 +120,17 @@ EOF
     wait "$pid"
     wait "$watcher"
 }
-# 3. Pong, two seeds; 4. bf16 actors with what is left.
-bf16_row=50
-[ "${SMALL:-0}" = 1 ] && bf16_row=30
-left=$((budget - $(elapsed) - bf16_row - 15))
-pong 1 $((left / 2))
-left=$((budget - $(elapsed) - bf16_row - 10))
-pong 2 "$left"
+# 2. Pong; 3. the scaling rows (about 40 s each); 4. bf16 actors with what is left.
+rows=130 bf16_row=50
+[ "${SMALL:-0}" = 1 ] && rows=60 bf16_row=30
+seeds=(${PONG_SEEDS:-2})
+for i in "${!seeds[@]}"; do
+    left=$((budget - $(elapsed) - rows - 15))
+    pong "${seeds[$i]}" $((left / (${#seeds[@]} - i)))
+done
+table defaults $layout
+table central "$layout $central_layouts" --central_inference
 if [ $((budget - $(elapsed))) -ge "$bf16_row" ]; then
-    table bf16_actors --precision auto
+    table bf16_actors $layout --precision auto
 fi
 echo "== $(elapsed) s: done"
