@@ -82,3 +82,27 @@ def test_a_read_through_a_staging_buffer_brings_the_weights_and_their_policy_ver
     assert all(torch.all(p == 3.0) for p in reader.parameters())
     assert int(reader.policy_version) == 11
     assert torch.all(staging == 3.0)
+
+
+def test_a_reader_through_a_staging_buffer_keeps_its_weights_while_the_learner_writes():
+    """It does not wait for the learner: mid-write, it keeps what it holds (untouched) and
+    reads the next time; a reader with nothing yet waits for the write to end."""
+    weights = SharedWeights(filled_model(0.0))
+    weights.publish(filled_model(3.0))
+    reader, staging = filled_model(0.0), torch.empty_like(weights.flat)
+    assert weights.read_into(reader, -1, staging) == 2
+    weights.version += 1  # the learner starts writing 5.0 ...
+    weights.flat.fill_(5.0)
+
+    assert weights.read_into(reader, 2, staging) == 2  # at once
+    assert all(torch.all(p == 3.0) for p in reader.parameters())
+
+    finish = threading.Timer(0.2, lambda: weights.version.add_(1))  # ... and is done
+    finish.start()
+    fresh = filled_model(0.0)
+    started = time.monotonic()
+    assert weights.read_into(fresh, -1, staging) == 4
+    assert time.monotonic() - started >= 0.15
+    assert all(torch.all(p == 5.0) for p in fresh.parameters())
+    assert weights.read_into(reader, 2, staging) == 4
+    assert all(torch.all(p == 5.0) for p in reader.parameters())
