@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.test_polybeast import REPO
-from torchbeast.bench import bound_by, central_inference_figures, epochs_text
+from torchbeast.bench import actor_time_shares, bound_by, central_inference_figures, epochs_text
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.parsers import make_bench_parser
 
@@ -63,6 +63,28 @@ def test_bench_writes_its_figures_as_json(tmp_path):
     assert figures["torso_dtype"] == "fp32"  # CartPole's MLP torso: fp32 under --precision auto
     assert figures["gpu_utilization"] is None  # a CPU learner: no GPU figure
     assert figures["bound"] == bound_by(figures)
+    # Where the actors' wall-clock time went, in shares of it that add up to the whole.
+    shares = figures["actor_time"]
+    assert list(shares) == ["stepping envs", "choosing actions", "waiting for slots", "the rest"]
+    assert all(0 <= share <= 1 for share in shares.values())
+    assert shares["stepping envs"] > 0 and shares["choosing actions"] > 0
+    assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
+    printed = " ".join(f"{name} {100 * share:.0f}%" for name, share in shares.items())
+    assert printed.replace("% ", "%, ") in result.stdout.replace("\n", " ")
+
+
+def test_the_actors_time_shares_are_those_of_the_window():
+    before = {"stepping envs": 5.0, "choosing actions": 1.0, "waiting for slots": 0.0, "in all": 7}
+    after = {"stepping envs": 9.0, "choosing actions": 4.0, "waiting for slots": 2.0, "in all": 17}
+    assert actor_time_shares(before, after) == pytest.approx(
+        {
+            "stepping envs": 0.4,
+            "choosing actions": 0.3,
+            "waiting for slots": 0.2,
+            "the rest": 0.1,
+        }
+    )
+    assert actor_time_shares(before, before) == {}  # no time passed: no shares
 
 
 def figures(sps: float, stages: list[float], learner_busy: float, cores: int = 2) -> dict:

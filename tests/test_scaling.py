@@ -14,7 +14,13 @@ import torch
 from tests.test_polybeast import REPO
 from torchbeast.config.parsers import make_mono_parser
 from torchbeast.config.resolvers import default_layout
-from torchbeast.scaling import default_layouts, inference_table, layout, recipe_arguments
+from torchbeast.scaling import (
+    actor_time_table,
+    default_layouts,
+    inference_table,
+    layout,
+    recipe_arguments,
+)
 
 SMALL = ["--env", "CartPole-v1", "--warmup_steps", "500", "--bench_steps", "2000"]
 
@@ -25,8 +31,11 @@ def test_scaling_prints_one_row_per_layout_with_the_training_recipe(tmp_path):
     command += ["--devices", "cpu", "--json", str(path)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = [line for line in result.stdout.splitlines() if re.match(r"\| [0-9]+ x ", line)]
+    main_table, actor_times = result.stdout.split("\n\n")  # two tables
+    rows = [line for line in main_table.splitlines() if re.match(r"\| [0-9]+ x ", line)]
     assert [row.split(" | ")[0] for row in rows] == ["| 1 x 2", "| 2 x 4"], result.stdout
+    assert actor_times.startswith("| actors x envs | actors' wall-clock time: stepping envs")
+    assert len(actor_times.strip().splitlines()) == 4
     for row in rows:
         cells = row.strip("| ").split(" | ")
         assert cells[1] == "16 (0.0007)"  # 2 and 8 envs: the recipe's own batch
@@ -95,3 +104,15 @@ def test_rows_with_central_inference_get_a_table_of_what_its_thread_did():
         "| 32 x 8 | 97% | 0.81 | 7.9 | 0.40 / 1.25 / 3.00 / 0.10 |",
     ]
     assert inference_table(rows[:1]) == ""
+
+
+def test_rows_that_counted_their_actors_time_get_a_table_of_it():
+    shares = {"stepping envs": 0.55, "choosing actions": 0.3, "waiting for slots": 0.1}
+    rows = [dict(actors=16, envs=8, actor_time=shares | {"the rest": 0.05}), dict(actors=2)]
+    assert actor_time_table(rows).splitlines() == [
+        "| actors x envs | actors' wall-clock time: stepping envs / choosing actions / "
+        "waiting for slots / the rest |",
+        "|---|---|",
+        "| 16 x 8 | 55% / 30% / 10% / 5% |",
+    ]
+    assert actor_time_table(rows[1:]) == ""

@@ -60,6 +60,7 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
     start_time, start_step, start_cpu = time.monotonic(), learner.step, time.process_time()
     start_updating = trainer.update_seconds()
     inference_before = central_inference_totals(trainer)
+    walls_before = trainer.pool.actor_wall_seconds()
     gpu = GpuSampler(trainer.device)
     while learner.step < start_step + bench_steps and not trainer.stop_requested.is_set():
         gpu.sample()
@@ -88,6 +89,8 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
         result["inference"] = central_inference_figures(
             inference_before, central_inference_totals(trainer), elapsed
         )
+    if walls_before:
+        result["actor_time"] = actor_time_shares(walls_before, trainer.pool.actor_wall_seconds())
     result["bound"] = bound_by(result)
     trainer.stop_requested.set()
 
@@ -101,6 +104,17 @@ def central_inference_totals(trainer: Trainer) -> dict[str, float] | None:
     sizes = trainer.pool.inference_batch_sizes()
     passes, actors = sum(sizes.values()), sum(size * count for size, count in sizes.items())
     return seconds | dict(passes=passes, actors=actors)
+
+
+def actor_time_shares(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The share of the actors' wall-clock time in the window that went to each part of
+    ``pool.ACTOR_TIME_PARTS``, and to the rest (writing rollouts, handing them over)."""
+    delta = {name: after[name] - before[name] for name in after}
+    whole = delta.pop("in all")
+    if whole <= 0:
+        return {}
+    shares = {name: seconds / whole for name, seconds in delta.items()}
+    return shares | {"the rest": max(0.0, 1.0 - sum(shares.values()))}
 
 
 def central_inference_figures(
@@ -267,6 +281,11 @@ def print_result(flags: argparse.Namespace, trainer: Trainer, result: dict) -> N
         + (f", GPU {gpu:.0f}% busy" if gpu is not None else "")
         + f"; bound by: {result['bound']}"
     )
+    if result.get("actor_time"):
+        shares = ", ".join(
+            f"{name} {100 * share:.0f}%" for name, share in result["actor_time"].items()
+        )
+        print(f"actors' wall-clock time: {shares}")
     inference = result.get("inference")
     if inference is not None:
         parts = ", ".join(f"{name} {ms:.2f}" for name, ms in inference["ms_per_pass"].items())

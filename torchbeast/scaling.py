@@ -157,6 +157,23 @@ def inference_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def actor_time_table(rows: list[dict]) -> str:
+    """Where the actors' wall-clock time went, per row (MonoBeast's rows)."""
+    lines = []
+    for row in rows:
+        shares = row.get("actor_time")
+        if not shares:
+            continue
+        if not lines:
+            lines += [
+                f"| actors x envs | actors' wall-clock time: {' / '.join(shares)} |",
+                "|---|---|",
+            ]
+        percents = " / ".join(f"{100 * share:.0f}%" for share in shares.values())
+        lines.append(f"| {row['actors']} x {row['envs']} | {percents} |")
+    return "\n".join(lines)
+
+
 def header(stage_names: list[str]) -> str:
     names = " / ".join(stage_names) or "stages"
     return (
@@ -190,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(format_row(row), flush=True)
     if table := inference_table(rows):
+        print(f"\n{table}")
+    if table := actor_time_table(rows):
         print(f"\n{table}")
     if flags.json:
         with open(flags.json, "w") as file:

@@ -53,7 +53,9 @@ def actor_seed(settings: Settings, actor_index: int, incarnation: int) -> int | 
 class Unroller:
     """An actor's environments and model; ``unroll`` writes one rollout of each env.
 
-    ``env_time`` and ``inference_time`` accumulate CPU seconds for the benchmark.
+    ``env_time`` and ``inference_time`` accumulate CPU seconds for the benchmark, and
+    ``env_wall`` and ``inference_wall`` wall-clock seconds (choosing the actions includes
+    waiting for them, with central inference).
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class Unroller:
         self.agent_output = rollout.first_agent_output(num_envs, env_spec.num_actions)
         self.core_state = self.model.initial_state(num_envs)
         self.env_time = self.inference_time = 0.0
+        self.env_wall = self.inference_wall = 0.0
 
     def unroll(
         self,
@@ -102,12 +105,14 @@ class Unroller:
             stored[index] = state.transpose(0, 1)  # [E, layers, H]
 
         for t in range(1, self.unroll_length + 1):
-            start = time.process_time()
+            start, start_wall = time.process_time(), time.perf_counter()
             self.agent_output, self.core_state = act(self.policy, self.env_output, self.core_state)
-            middle = time.process_time()
+            middle, middle_wall = time.process_time(), time.perf_counter()
             self.env_output = as_tensors(self.env.step(self.agent_output["action"].numpy()))
             self.env_time += time.process_time() - middle
             self.inference_time += middle - start
+            self.env_wall += time.perf_counter() - middle_wall
+            self.inference_wall += middle_wall - start_wall
             rollout.write_step(
                 buffers, (index, t), self.env_keys, self.env_output, self.agent_output
             )
@@ -117,6 +122,12 @@ class Unroller:
         times = (self.env_time, self.inference_time)
         self.env_time = self.inference_time = 0.0
         return times
+
+    def take_walls(self) -> tuple[float, float]:
+        """(env, inference) wall-clock seconds since the last call."""
+        walls = (self.env_wall, self.inference_wall)
+        self.env_wall = self.inference_wall = 0.0
+        return walls
 
     def close(self) -> None:
         self.env.close()

@@ -48,7 +48,7 @@ from torchbeast.runtime.mono_inference import (
     InferenceSlots,
 )
 from torchbeast.runtime.mono_weights import SharedWeights
-from torchbeast.runtime.pool import Pool, actor_stage_totals
+from torchbeast.runtime.pool import ACTOR_TIME_PARTS, Pool, actor_stage_totals
 from torchbeast.runtime.processes import process_cpu_seconds
 from torchbeast.runtime.supervision import (
     RestartBudget,
@@ -104,6 +104,9 @@ class ActorPool(Pool):
             ),
             weights=weights,
             timings=torch.zeros(num_actors, 4, dtype=torch.float64).share_memory_(),
+            walls=torch.zeros(
+                num_actors, len(ACTOR_TIME_PARTS), dtype=torch.float64
+            ).share_memory_(),
             niceness=actor_niceness(
                 bf16_on_cpu(learner_model.compute_dtype, next(learner_model.parameters()).device)
             ),
@@ -326,6 +329,9 @@ class ActorPool(Pool):
         if self.inference is not None:
             totals["central inference"] = process_cpu_seconds([self.inference.process.pid])
         return totals
+
+    def actor_wall_seconds(self) -> dict[str, float]:
+        return dict(zip(ACTOR_TIME_PARTS, self.shared.walls.sum(0).tolist(), strict=True))
 
     def inference_batch_sizes(self) -> dict[int, int]:
         return {} if self.inference is None else self.inference.central.figures.batch_sizes()

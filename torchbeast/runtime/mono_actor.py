@@ -36,6 +36,9 @@ class ActorShared:
     initial_core_states: tuple[torch.Tensor, ...]  # [num_buffers, layers, H] each
     weights: SharedWeights
     timings: torch.Tensor  # [num_actors, 4]: env, inference, all CPU seconds; steps
+    # [num_actors, 4]: wall-clock seconds stepping envs, choosing actions, waiting for
+    # slots, and in all (pool.ACTOR_TIME_PARTS)
+    walls: torch.Tensor
     inference: InferenceSlots | None = None  # with --central_inference
     niceness: int = 0  # added to the actors' niceness (layout.actor_niceness)
 
@@ -85,9 +88,11 @@ def run_actor(
     conn.send(("ready", []))
 
     while True:
+        wall_mark = time.perf_counter()
         slots = conn.recv()
         if slots is None:
             break
+        waited = time.perf_counter() - wall_mark
         unroller.unroll(shared.buffers, torch.tensor(slots), shared.initial_core_states)
         now = time.process_time()
         env_time, inference_time = unroller.take_times()
@@ -96,6 +101,11 @@ def run_actor(
             dtype=torch.float64,
         )
         cpu_mark = now
+        env_wall, inference_wall = unroller.take_walls()
+        shared.walls[actor_index] += torch.tensor(
+            [env_wall, inference_wall, waited, time.perf_counter() - wall_mark],
+            dtype=torch.float64,
+        )
         conn.send(("full", slots))
         if not remote:
             version = shared.weights.read_into(unroller.model, version)

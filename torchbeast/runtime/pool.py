@@ -34,6 +34,11 @@ class Pool(Supervised):
         """CPU seconds so far outside the learner process, by stage, for the benchmark."""
         return {}
 
+    def actor_wall_seconds(self) -> dict[str, float]:
+        """The actors' wall-clock seconds so far in each of ACTOR_TIME_PARTS, summed over
+        actors ("in all" their whole time), for the benchmark; {} where not counted."""
+        return {}
+
     def inference_batch_sizes(self) -> dict[int, int]:
         """Where one forward pass serves several actors or streams: how many passes served
         how many of them (the benchmark's mean inference batch); {} where actors run their
@@ -54,6 +59,11 @@ class Pool(Supervised):
     def close_streams(self, serials: set[int], reason: str) -> list[str]:
         """Closes the streams ``serials`` (``drops_bad_batches`` pools); returns their names."""
         return []
+
+
+# What an actor's wall-clock time goes to (MonoBeast's actors count it): the last is its
+# whole time, of which the rest is writing rollouts and handing them over.
+ACTOR_TIME_PARTS = ("stepping envs", "choosing actions", "waiting for slots", "in all")
 
 
 def actor_stage_totals(timings) -> dict[str, float]:
