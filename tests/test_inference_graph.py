@@ -200,8 +200,37 @@ def test_a_graph_that_disagrees_is_refused_cuda(monkeypatch):
 
 @needs_cuda
 def test_monobeast_on_a_gpu_runs_central_inference_as_graphs_cuda(tmp_path):
-    args = [*SMALL_RUN, "--central_inference", "--total_steps", "2000", "--xpid", "run"]
+    on_gpu = [arg for arg in SMALL_RUN if arg != "--disable_cuda"]
+    args = [*on_gpu, "--central_inference", "--total_steps", "2000", "--xpid", "run"]
     result = monobeast(tmp_path, *args)
     assert result.returncode == 0, result.stderr
     out_log = (tmp_path / "run" / "out.log").read_text()
     assert "Central inference's forward passes run as CUDA graphs" in out_log, out_log
+
+
+@needs_cuda
+def test_a_capture_that_fails_says_why_and_leaves_the_stream_as_it_was_cuda():
+    model = create_model(MLP, CARTPOLE.observation_shape, CARTPOLE.num_actions).cuda()
+    forward = model.forward
+
+    def waiting_forward(inputs, core_state=(), **kwargs):
+        outputs = forward(inputs, core_state, **kwargs)
+        if torch.cuda.is_current_stream_capturing():
+            float(outputs[0]["baseline"].sum())  # the host waits: no graph can hold that
+        return outputs
+
+    model.forward = waiting_forward
+    graphs = InferenceGraphs(model, num_actors=2, envs_per_actor=4)
+    inputs = dict(
+        frame=torch.randn(1, 8, 4, device="cuda"),
+        reward=torch.zeros(1, 8, device="cuda"),
+        done=torch.zeros(1, 8, dtype=torch.bool, device="cuda"),
+        last_action=torch.zeros(1, 8, dtype=torch.int64, device="cuda"),
+    )
+    stream = torch.cuda.current_stream()
+    with torch.inference_mode():
+        with pytest.raises(InferenceGraphError, match="capturing a pass for 8 envs failed: "):
+            graphs.run(inputs, ())
+        assert torch.cuda.current_stream() == stream
+        outputs, _ = model(inputs, (), act=False)  # eager passes still run
+    assert outputs["baseline"].shape == (1, 8)

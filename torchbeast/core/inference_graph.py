@@ -51,10 +51,23 @@ class CapturedPass:
         with torch.cuda.stream(warmup):
             for _ in range(2):
                 model(self.inputs, self.core_state, act=False)
-        torch.cuda.current_stream(device).wait_stream(warmup)
+        current = torch.cuda.current_stream(device)
+        current.wait_stream(warmup)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.outputs, self.next_state = model(self.inputs, self.core_state, act=False)
+        try:
+            with torch.cuda.graph(self.graph):
+                self.outputs, self.next_state = model(self.inputs, self.core_state, act=False)
+        except Exception as error:
+            # A capture that failed inside leaves the capture's stream current (its end
+            # raises before the stream is restored) and hides the first error behind its
+            # own: restore the stream, and say the first.
+            torch.cuda.set_stream(current)
+            first = error
+            while first.__context__ is not None:
+                first = first.__context__
+            raise InferenceGraphError(
+                f"capturing a pass for {envs} envs failed: {first}".strip()
+            ) from error
 
     def replay(
         self, inputs: dict[str, torch.Tensor], core_state: CoreState
