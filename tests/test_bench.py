@@ -131,15 +131,15 @@ def test_a_busy_central_inference_server_bounds_the_run():
 def test_central_inference_figures_are_those_of_the_window():
     before = dict(waiting=5.0, weights=0.2, gather=1.0, forward=2.0, answer=0.5, cpu=3.0)
     before |= {"passes": 100}
-    before |= {"return": 1.0, "actors": 300}
-    # 10 s later: 200 passes of 4 actors, 8 s of them busy, on 6 s of CPU.
+    before |= {"return": 1.0, "envs": 300}
+    # 10 s later: 200 passes of 4 envs, 8 s of them busy, on 6 s of CPU.
     after = dict(waiting=7.0, weights=0.4, gather=2.0, forward=6.0, answer=1.0, cpu=9.0)
     after |= {"passes": 300}
-    after |= {"return": 3.5, "actors": 1100}
+    after |= {"return": 3.5, "envs": 1100}
     got = central_inference_figures(before, after, elapsed=10.0)
     assert got["busy"] == pytest.approx(0.82)
     assert got["cpu_cores"] == pytest.approx(0.6)
-    assert got["actors_per_pass"] == pytest.approx(4.0)
+    assert got["envs_per_pass"] == pytest.approx(4.0)
     assert got["ms_per_pass"] == pytest.approx(
         {"weights": 1.0, "gather": 5.0, "forward": 20.0, "return": 12.5, "answer": 2.5}
     )
@@ -153,7 +153,7 @@ def test_bench_reports_what_the_central_inference_server_did(tmp_path):
     assert result.returncode == 0, result.stderr
     line = re.search(
         r"central inference: busy ([0-9]+)% of the time, ([0-9.]+) cores of CPU, ([0-9.]+) "
-        r"actors per pass; ms per pass: weights ([0-9.]+), gather ([0-9.]+), forward "
+        r"envs per pass; ms per pass: weights ([0-9.]+), gather ([0-9.]+), forward "
         r"([0-9.]+), return ([0-9.]+), answer ([0-9.]+)",
         result.stdout,
     )
@@ -164,6 +164,7 @@ def test_bench_reports_what_the_central_inference_server_did(tmp_path):
     assert stages["central inference"] > 0  # the inference process's CPU
     figures = json.loads(path.read_text())["inference"]
     assert 0 < figures["busy"] <= 1 and figures["cpu_cores"] > 0
-    assert 1 <= figures["actors_per_pass"] <= 2  # 2 actors
+    # 2 actors x 8 envs, each actor's in 2 groups of 4 that ask in turn
+    assert 4 <= figures["envs_per_pass"] <= 16
     assert figures["ms_per_pass"]["forward"] > 0
     assert f"{100 * figures['busy']:.0f}" == line.group(1)

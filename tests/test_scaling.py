@@ -95,10 +95,10 @@ def test_asking_for_cuda_without_it_is_one_clear_error():
 
 def test_rows_with_central_inference_get_a_table_of_what_its_thread_did():
     ms = {"gather": 0.4, "forward": 1.25, "return": 3.0, "answer": 0.1}
-    central = dict(busy=0.97, cpu_cores=0.81, actors_per_pass=7.94, ms_per_pass=ms)
+    central = dict(busy=0.97, cpu_cores=0.81, envs_per_pass=7.94, ms_per_pass=ms)
     rows = [dict(actors=16, envs=8), dict(actors=32, envs=8, inference=central)]
     assert inference_table(rows).splitlines() == [
-        "| actors x envs | central inference busy | its CPU (cores) | actors per pass "
+        "| actors x envs | central inference busy | its CPU (cores) | envs per pass "
         "| ms per pass: gather / forward / return / answer |",
         "|---|---|---|---|---|",
         "| 32 x 8 | 97% | 0.81 | 7.9 | 0.40 / 1.25 / 3.00 / 0.10 |",

@@ -97,13 +97,13 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
 
 def central_inference_totals(trainer: Trainer) -> dict[str, float] | None:
     """The central inference server's seconds by part so far, with its passes and the
-    actors they served; None where actors run their own inference."""
+    envs they served; None where actors run their own inference."""
     seconds = trainer.pool.inference_seconds()
     if not seconds:
         return None
     sizes = trainer.pool.inference_batch_sizes()
-    passes, actors = sum(sizes.values()), sum(size * count for size, count in sizes.items())
-    return seconds | dict(passes=passes, actors=actors)
+    passes, envs = sum(sizes.values()), sum(size * count for size, count in sizes.items())
+    return seconds | dict(passes=passes, envs=envs)
 
 
 def actor_time_shares(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -121,7 +121,7 @@ def central_inference_figures(
     before: dict[str, float], after: dict[str, float], elapsed: float
 ) -> dict:
     """What the central inference server did in the window: busy (the share of the time
-    it was not waiting for requests), its CPU in cores, actors per pass, and the
+    it was not waiting for requests), its CPU in cores, envs per pass, and the
     milliseconds per pass of each part of a pass."""
     delta = {name: after[name] - before[name] for name in after}
     passes = max(1, delta["passes"])
@@ -129,7 +129,7 @@ def central_inference_figures(
     return dict(
         busy=sum(delta[name] for name in parts) / elapsed,
         cpu_cores=delta["cpu"] / elapsed,
-        actors_per_pass=delta["actors"] / passes,
+        envs_per_pass=delta["envs"] / passes,
         ms_per_pass={name: 1e3 * delta[name] / passes for name in parts},
     )
 
@@ -291,8 +291,8 @@ def print_result(flags: argparse.Namespace, trainer: Trainer, result: dict) -> N
         parts = ", ".join(f"{name} {ms:.2f}" for name, ms in inference["ms_per_pass"].items())
         print(
             f"central inference: busy {100 * inference['busy']:.0f}% of the time, "
-            f"{inference['cpu_cores']:.2f} cores of CPU, {inference['actors_per_pass']:.1f} "
-            f"actors per pass; ms per pass: {parts}"
+            f"{inference['cpu_cores']:.2f} cores of CPU, {inference['envs_per_pass']:.1f} "
+            f"envs per pass; ms per pass: {parts}"
         )
         return
     sizes = trainer.pool.inference_batch_sizes()

@@ -145,14 +145,14 @@ def inference_table(rows: list[dict]) -> str:
         if not lines:
             parts = " / ".join(figures["ms_per_pass"])
             lines += [
-                f"| actors x envs | central inference busy | its CPU (cores) | actors per pass "
+                f"| actors x envs | central inference busy | its CPU (cores) | envs per pass "
                 f"| ms per pass: {parts} |",
                 "|---|---|---|---|---|",
             ]
         ms = " / ".join(f"{value:.2f}" for value in figures["ms_per_pass"].values())
         lines.append(
             f"| {row['actors']} x {row['envs']} | {100 * figures['busy']:.0f}% | "
-            f"{figures['cpu_cores']:.2f} | {figures['actors_per_pass']:.1f} | {ms} |"
+            f"{figures['cpu_cores']:.2f} | {figures['envs_per_pass']:.1f} | {ms} |"
         )
     return "\n".join(lines)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
@@ -25,6 +25,22 @@ if TYPE_CHECKING:
 
 # (inputs [1, E, ...], core state) -> (outputs [1, E, ...], core state): the model's call.
 Policy = Callable[[dict[str, torch.Tensor], tuple], tuple[dict[str, torch.Tensor], tuple]]
+
+
+@runtime_checkable
+class SplitPolicy(Protocol):
+    """A policy that chooses elsewhere (MonoBeast's central inference), asked in two halves
+    so that the actor can step other envs in between."""
+
+    def __call__(
+        self, inputs: dict[str, torch.Tensor], core_state: tuple
+    ) -> tuple[dict[str, torch.Tensor], tuple]: ...
+
+    def ask(self, inputs: dict[str, torch.Tensor], core_state: tuple) -> None:
+        """Hands over inputs [1, E, ...] and the core state."""
+
+    def answer(self) -> tuple[dict[str, torch.Tensor], tuple]:
+        """Waits for the last ask's outputs [1, E, ...] and next core state."""
 
 
 def act(
@@ -65,15 +81,18 @@ class Unroller:
         config: dict,
         seed: int | None,
         policy: Policy | None = None,
+        num_envs: int | None = None,
     ):
-        """``policy``: what chooses the actions (default: this actor's copy of the model)."""
+        """``policy``: what chooses the actions (default: this actor's copy of the model);
+        ``num_envs``: how many envs it steps (default: ``--envs_per_actor``), the first
+        seeded with ``seed`` and the others with the seeds after it."""
         if seed is not None:
             torch.manual_seed(seed)
         else:
             torch.seed()  # every new process starts from torch's one fixed seed otherwise
         self.unroll_length = settings.learner.unroll_length
         self.env_keys = rollout.env_keys(env_spec)  # with the env's episode extras
-        num_envs = settings.actors.envs_per_actor
+        num_envs = num_envs or settings.actors.envs_per_actor
         self.env = envs.create_env(settings.env, num_envs=num_envs, num_threads=1)
         dtype = compute_dtype(settings.model.precision, "cpu", config["kind"])
         self.model = create_model(
@@ -85,6 +104,7 @@ class Unroller:
         )
         self.model.train()  # sample actions
         self.policy: Policy = policy or self.model
+        self.split = policy if isinstance(policy, SplitPolicy) else None  # for ask, receive
         self.env_output = as_tensors(self.env.reset(seed=seed))
         self.agent_output = rollout.first_agent_output(num_envs, env_spec.num_actions)
         self.core_state = self.model.initial_state(num_envs)
@@ -99,23 +119,52 @@ class Unroller:
     ) -> None:
         """Writes env i's rollout to ``buffers[key][index[i]]`` ([T+1, ...]) and the core
         state it starts from to ``initial_core_states[k][index[i]]`` ([layers, H])."""
-        # Step 0 repeats the last step of the previous rollout.
+        self.begin(buffers, index, initial_core_states)
+        for t in range(1, self.unroll_length + 1):
+            start, start_wall = time.process_time(), time.perf_counter()
+            self.agent_output, self.core_state = act(self.policy, self.env_output, self.core_state)
+            self.inference_time += time.process_time() - start
+            self.inference_wall += time.perf_counter() - start_wall
+            self.step(buffers, index, t)
+
+    def begin(
+        self,
+        buffers: dict[str, torch.Tensor],
+        index: torch.Tensor,
+        initial_core_states: tuple[torch.Tensor, ...],
+    ) -> None:
+        """Writes a rollout's step 0, which repeats the last step of the previous one, and
+        the core state the rollout starts from."""
         rollout.write_step(buffers, (index, 0), self.env_keys, self.env_output, self.agent_output)
         for stored, state in zip(initial_core_states, self.core_state, strict=True):
             stored[index] = state.transpose(0, 1)  # [E, layers, H]
 
-        for t in range(1, self.unroll_length + 1):
-            start, start_wall = time.process_time(), time.perf_counter()
-            self.agent_output, self.core_state = act(self.policy, self.env_output, self.core_state)
-            middle, middle_wall = time.process_time(), time.perf_counter()
-            self.env_output = as_tensors(self.env.step(self.agent_output["action"].numpy()))
-            self.env_time += time.process_time() - middle
-            self.inference_time += middle - start
-            self.env_wall += time.perf_counter() - middle_wall
-            self.inference_wall += middle_wall - start_wall
-            rollout.write_step(
-                buffers, (index, t), self.env_keys, self.env_output, self.agent_output
-            )
+    def ask(self) -> None:
+        """Asks the split policy for the actions of the envs' last outputs; ``receive``
+        takes them."""
+        assert self.split is not None, "ask needs a SplitPolicy"
+        start, start_wall = time.process_time(), time.perf_counter()
+        inputs = {k: v.unsqueeze(0) for k, v in self.env_output.items()}  # [1, E, ...]
+        self.split.ask(inputs, self.core_state)
+        self.inference_time += time.process_time() - start
+        self.inference_wall += time.perf_counter() - start_wall
+
+    def receive(self) -> None:
+        """Takes the actions (and outputs, and next core state) of the last ``ask``."""
+        assert self.split is not None, "receive needs a SplitPolicy"
+        start, start_wall = time.process_time(), time.perf_counter()
+        outputs, self.core_state = self.split.answer()
+        self.agent_output = {k: v[0] for k, v in outputs.items()}
+        self.inference_time += time.process_time() - start
+        self.inference_wall += time.perf_counter() - start_wall
+
+    def step(self, buffers: dict[str, torch.Tensor], index: torch.Tensor, t: int) -> None:
+        """Steps the envs with the actions in ``agent_output`` and writes step ``t``."""
+        start, start_wall = time.process_time(), time.perf_counter()
+        self.env_output = as_tensors(self.env.step(self.agent_output["action"].numpy()))
+        self.env_time += time.process_time() - start
+        self.env_wall += time.perf_counter() - start_wall
+        rollout.write_step(buffers, (index, t), self.env_keys, self.env_output, self.agent_output)
 
     def take_times(self) -> tuple[float, float]:
         """(env, inference) CPU seconds since the last call."""

@@ -66,6 +66,17 @@ ACTOR_STOP_TIMEOUT_S = 5.0
 # --------------------------------------------------------------------------- actor pool
 
 
+def groups_line(envs_per_actor: int, env_groups: int) -> str:
+    """How each actor steps its envs with central inference, for the run's log."""
+    if env_groups == 1:
+        return f"each actor steps its {envs_per_actor} env(s) at once (--env_groups 1)"
+    return (
+        f"each actor steps its {envs_per_actor} envs in {env_groups} groups of "
+        f"{envs_per_actor // env_groups} that take turns waiting for their actions "
+        "(--env_groups)"
+    )
+
+
 class ActorPool(Pool):
     """Starts actor processes, hands them free buffer slots, collects full ones.
 
@@ -112,12 +123,17 @@ class ActorPool(Pool):
             ),
         )
         self.inference: InferenceProcess | None = None
+        # With central inference, each actor's env groups ask through rows of their own.
+        self.env_groups = 1
         if settings.runtime.central_inference:
+            self.env_groups = settings.runtime.env_groups or 1
+        if settings.runtime.central_inference:
+            rows = num_actors * self.env_groups
             central = CentralInference(
                 slots=InferenceSlots.allocate(
-                    env_spec, learner_model, num_actors, self.envs_per_actor
+                    env_spec, learner_model, rows, self.envs_per_actor // self.env_groups
                 ),
-                figures=InferenceFigures.allocate(num_actors),
+                figures=InferenceFigures.allocate(rows),
                 config=config,
                 env_spec=env_spec,
                 device=str(next(learner_model.parameters()).device),
@@ -151,9 +167,10 @@ class ActorPool(Pool):
                 self.fail(failure)
                 return
             log.info(
-                "Central inference runs in process %d, on %s.",
+                "Central inference runs in process %d, on %s; %s.",
                 self.inference.process.pid,
                 self.inference.central.device,
+                groups_line(self.envs_per_actor, self.env_groups),
             )
         for actor_index in range(len(self.incarnations)):
             self._start_actor(actor_index)
@@ -161,9 +178,11 @@ class ActorPool(Pool):
 
     def _start_actor(self, actor_index: int) -> None:
         parent_conn, child_conn = self.context.Pipe()
-        inference_conn = child_inference_conn = None
-        if self.inference is not None:
-            inference_conn, child_inference_conn = self.context.Pipe()
+        # With central inference: one pipe per env group, to the server's row of it.
+        inference_pipes = (
+            [self.context.Pipe() for _ in range(self.env_groups)] if self.inference else []
+        )
+        child_inference_conns = [child for _, child in inference_pipes] or None
         process = self.context.Process(
             target=actor_process,
             name=f"actor-{actor_index}",
@@ -172,7 +191,7 @@ class ActorPool(Pool):
                 self.incarnations[actor_index],
                 self.shared,
                 child_conn,
-                child_inference_conn,
+                child_inference_conns,
             ),
             daemon=True,
         )
@@ -180,9 +199,10 @@ class ActorPool(Pool):
         with signals_blocked():
             process.start()
         child_conn.close()  # so the parent sees EOF when the actor dies
-        if self.inference is not None:
-            child_inference_conn.close()
-            self.inference.add(actor_index, inference_conn)
+        for group, (conn, child) in enumerate(inference_pipes):
+            child.close()
+            assert self.inference is not None
+            self.inference.add(actor_index * self.env_groups + group, conn)
         with self.lock:
             self.processes[actor_index] = process
             self.conns[actor_index] = parent_conn
@@ -334,7 +354,12 @@ class ActorPool(Pool):
         return dict(zip(ACTOR_TIME_PARTS, self.shared.walls.sum(0).tolist(), strict=True))
 
     def inference_batch_sizes(self) -> dict[int, int]:
-        return {} if self.inference is None else self.inference.central.figures.batch_sizes()
+        """Central inference's passes by the envs they served."""
+        if self.inference is None:
+            return {}
+        envs_per_row = self.envs_per_actor // self.env_groups
+        sizes = self.inference.central.figures.batch_sizes()
+        return {rows * envs_per_row: count for rows, count in sizes.items()}
 
     def inference_seconds(self) -> dict[str, float]:
         if self.inference is None:

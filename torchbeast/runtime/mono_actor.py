@@ -48,10 +48,11 @@ def actor_process(
     incarnation: int,
     shared: ActorShared,
     conn: mp.connection.Connection,
-    inference_conn: mp.connection.Connection | None = None,
+    inference_conns: list[mp.connection.Connection] | None = None,
 ) -> None:
     """Steps ``envs_per_actor`` envs and fills the buffer slots the learner hands out;
-    with ``inference_conn`` the inference process chooses the actions."""
+    with ``inference_conns`` (one per env group) the inference process chooses the
+    actions."""
     # The learner decides when actors stop, also when a signal hits the process group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -60,7 +61,7 @@ def actor_process(
     torch.set_num_threads(1)
     os.nice(shared.niceness)  # the learner first, where that pays (layout.actor_niceness)
     try:
-        run_actor(actor_index, incarnation, shared, conn, inference_conn)
+        run_actor(actor_index, incarnation, shared, conn, inference_conns)
     except (EOFError, BrokenPipeError):
         pass  # the learner went away: nothing left to do
     except Exception:
@@ -76,14 +77,25 @@ def run_actor(
     incarnation: int,
     shared: ActorShared,
     conn: mp.connection.Connection,
-    inference_conn: mp.connection.Connection | None,
+    inference_conns: list[mp.connection.Connection] | None,
 ) -> None:
     settings = shared.settings
     seed = actor_seed(settings, actor_index, incarnation)
-    remote = inference_conn is not None and shared.inference is not None
-    policy = RemotePolicy(shared.inference, actor_index, inference_conn) if remote else None
-    unroller = Unroller(settings, shared.env_spec, shared.config, seed, policy)
-    version = -1 if remote else shared.weights.read_into(unroller.model, -1)
+    unroller: Unroller | TakingTurns
+    if inference_conns and shared.inference is not None:
+        unroller = TakingTurns.build(
+            settings,
+            shared.env_spec,
+            shared.config,
+            shared.inference,
+            actor_index,
+            seed,
+            inference_conns,
+        )
+        version = -1  # the weights are the server's
+    else:
+        unroller = Unroller(settings, shared.env_spec, shared.config, seed)
+        version = shared.weights.read_into(unroller.model, -1)
     cpu_mark = time.process_time()
     conn.send(("ready", []))
 
@@ -107,6 +119,77 @@ def run_actor(
             dtype=torch.float64,
         )
         conn.send(("full", slots))
-        if not remote:
+        if isinstance(unroller, Unroller):
             version = shared.weights.read_into(unroller.model, version)
     unroller.close()
+
+
+class TakingTurns:
+    """An actor's envs in groups that take turns, each group an ``Unroller`` that asks the
+    inference process for its actions through a row of its own: while the server chooses
+    one group's actions, the actor steps the others' envs (Sample Factory's double-buffered
+    sampling). A group asks for its next actions as soon as it has stepped, also after a
+    rollout's last step, so that the server works while the actor hands the rollout over
+    and waits for new slots."""
+
+    def __init__(self, groups: list[Unroller]):
+        self.groups = groups
+        self.unroll_length = groups[0].unroll_length
+        self.asked = False  # whether each group has asked for its next actions
+
+    @classmethod
+    def build(
+        cls,
+        settings: Settings,
+        env_spec: EnvSpec,
+        config: dict,
+        slots: InferenceSlots,
+        actor_index: int,
+        seed: int | None,
+        conns: list[mp.connection.Connection],
+    ) -> TakingTurns:
+        """The groups of actor ``actor_index``: group g steps envs [g * E/G, (g + 1) * E/G)
+        of its E, seeded as those envs would be in one group, and asks through row
+        ``actor_index * G + g`` of ``slots`` and ``conns[g]``."""
+        count = len(conns)
+        envs_each = settings.actors.envs_per_actor // count
+        groups = []
+        for group, conn in enumerate(conns):
+            group_seed = None if seed is None else seed + group * envs_each
+            policy = RemotePolicy(slots, actor_index * count + group, conn)
+            groups.append(Unroller(settings, env_spec, config, group_seed, policy, envs_each))
+        return cls(groups)
+
+    def unroll(
+        self,
+        buffers: dict[str, torch.Tensor],
+        index: torch.Tensor,
+        initial_core_states: tuple[torch.Tensor, ...],
+    ) -> None:
+        """As ``Unroller.unroll``: env i's rollout to ``buffers[key][index[i]]``."""
+        parts = index.chunk(len(self.groups))  # [E/G] each: the groups' envs, in order
+        for group, part in zip(self.groups, parts, strict=True):
+            group.begin(buffers, part, initial_core_states)
+        if not self.asked:
+            for group in self.groups:
+                group.ask()
+            self.asked = True
+        for t in range(1, self.unroll_length + 1):
+            for group, part in zip(self.groups, parts, strict=True):
+                group.receive()
+                group.step(buffers, part, t)
+                group.ask()  # after step T: the next rollout's first actions
+
+    def take_times(self) -> tuple[float, float]:
+        """(env, inference) CPU seconds since the last call, all groups'."""
+        times = [group.take_times() for group in self.groups]
+        return sum(env for env, _ in times), sum(inference for _, inference in times)
+
+    def take_walls(self) -> tuple[float, float]:
+        """(env, inference) wall-clock seconds since the last call, all groups'."""
+        walls = [group.take_walls() for group in self.groups]
+        return sum(env for env, _ in walls), sum(inference for _, inference in walls)
+
+    def close(self) -> None:
+        for group in self.groups:
+            group.close()

@@ -2,14 +2,17 @@
 environments; one process beside the learner's runs one batched forward pass for every
 actor waiting, on the learner's device, as Sample Factory's policy workers do.
 
-    actor i                                     inference process
-    writes its env outputs and core state       waits on every actor's inference pipe
-    into its row of InferenceSlots, then        gathers the rows of the actors ready,
-    sends one byte on its pipe       ------->   [1, N x E, ...]; one forward pass with
+    actor i, env group g                        inference process
+    writes its env outputs and core state       waits on every group's inference pipe
+    into its row of InferenceSlots, then        gathers the rows of the groups ready,
+    sends one byte on its pipe       ------->   [1, N x E/G, ...]; one forward pass with
                                                 the weights last published; writes each
-    reads its actions, logits, baseline,  <---  actor's outputs and core state into its
+    reads its actions, logits, baseline,  <---  group's outputs and core state into its
     policy version and core state               row, and answers each with one byte
 
+An actor's E envs step in G groups (``--env_groups``, 2 by default) that take turns: while
+the server chooses one group's actions the actor steps the other's envs, as Sample
+Factory's rollout workers do ("double-buffered sampling"); ``mono_actor.TakingTurns``.
 The actor needs no copy of the weights, and its CPU goes to its environments alone. The
 server reads the weights the learner publishes for actors (``SharedWeights``, a seqlock)
 before each pass. It runs in a process of its own rather than a thread of the learner's:
@@ -62,27 +65,28 @@ STOP_TIMEOUT_S = 5.0
 
 @dataclasses.dataclass
 class InferenceSlots:
-    """Shared memory for the requests: one row per actor, its E envs side by side."""
+    """Shared memory for the requests: one row per env group of an actor (R rows in all),
+    its E envs side by side (an actor's E/G)."""
 
-    inputs: dict[str, torch.Tensor]  # frame [A, E, *obs]; reward, done, last_action [A, E]
-    outputs: dict[str, torch.Tensor]  # policy_logits [A, E, actions]; the others [A, E]
-    core_state: tuple[torch.Tensor, ...]  # [A, layers, E, H] each: in, then out
+    inputs: dict[str, torch.Tensor]  # frame [R, E, *obs]; reward, done, last_action [R, E]
+    outputs: dict[str, torch.Tensor]  # policy_logits [R, E, actions]; the others [R, E]
+    core_state: tuple[torch.Tensor, ...]  # [R, layers, E, H] each: in, then out
 
     @classmethod
     def allocate(
-        cls, env_spec: EnvSpec, model: nn.Module, num_actors: int, envs_per_actor: int
+        cls, env_spec: EnvSpec, model: nn.Module, num_rows: int, envs_per_row: int
     ) -> InferenceSlots:
         spec = rollout.rollout_spec(env_spec, 0)  # [1, ...] shapes and dtypes of one step
 
         def shared(name: str) -> torch.Tensor:
             shape, dtype = spec[name]
-            return torch.zeros(num_actors, envs_per_actor, *shape[1:], dtype=dtype)
+            return torch.zeros(num_rows, envs_per_row, *shape[1:], dtype=dtype)
 
-        state = model.initial_state(envs_per_actor)  # [layers, E, H] each
+        state = model.initial_state(envs_per_row)  # [layers, E, H] each
         return cls(
             inputs={key: shared(key).share_memory_() for key in INPUT_KEYS},
             outputs={key: shared(key).share_memory_() for key in OUTPUT_KEYS},
-            core_state=tuple(torch.zeros(num_actors, *s.shape).share_memory_() for s in state),
+            core_state=tuple(torch.zeros(num_rows, *s.shape).share_memory_() for s in state),
         )
 
 
@@ -92,13 +96,13 @@ class InferenceFigures:
     benchmark."""
 
     seconds: torch.Tensor  # float64 [len(PASS_PARTS) + 1]: wall-clock per part, then CPU
-    passes: torch.Tensor  # int64 [num_actors + 1]: forward passes that served n actors
+    passes: torch.Tensor  # int64 [num_rows + 1]: forward passes that served n rows
 
     @classmethod
-    def allocate(cls, num_actors: int) -> InferenceFigures:
+    def allocate(cls, num_rows: int) -> InferenceFigures:
         return cls(
             seconds=torch.zeros(len(PASS_PARTS) + 1, dtype=torch.float64).share_memory_(),
-            passes=torch.zeros(num_actors + 1, dtype=torch.int64).share_memory_(),
+            passes=torch.zeros(num_rows + 1, dtype=torch.int64).share_memory_(),
         )
 
     def seconds_by_part(self) -> dict[str, float]:
@@ -106,7 +110,7 @@ class InferenceFigures:
         return dict(zip((*PASS_PARTS, "cpu"), self.seconds.tolist(), strict=True))
 
     def batch_sizes(self) -> dict[int, int]:
-        """Actors per forward pass -> passes."""
+        """Rows (env groups) per forward pass -> passes."""
         return {size: count for size, count in enumerate(self.passes.tolist()) if count}
 
 
@@ -126,22 +130,32 @@ class CentralInference:
 
 
 class RemotePolicy:
-    """An actor's end: called as the model would be, it asks the server instead."""
+    """An actor's end of one row: called as the model would be, it asks the server instead;
+    ``ask`` and ``answer`` do the same in two halves, so that the actor can step other
+    envs while the server works."""
 
-    def __init__(self, slots: InferenceSlots, actor_index: int, conn: Connection):
+    def __init__(self, slots: InferenceSlots, row: int, conn: Connection):
         self.slots = slots
-        self.row = actor_index
+        self.row = row
         self.conn = conn
 
     def __call__(
         self, inputs: dict[str, torch.Tensor], core_state: CoreState
     ) -> tuple[dict[str, torch.Tensor], CoreState]:
         """``inputs`` [1, E, ...] -> (outputs [1, E, ...], core state [layers, E, H])."""
+        self.ask(inputs, core_state)
+        return self.answer()
+
+    def ask(self, inputs: dict[str, torch.Tensor], core_state: CoreState) -> None:
+        """Hands ``inputs`` [1, E, ...] and ``core_state`` to the server."""
         for key in INPUT_KEYS:
             self.slots.inputs[key][self.row].copy_(inputs[key][0])
         for shared, state in zip(self.slots.core_state, core_state, strict=True):
             shared[self.row].copy_(state)
         self.conn.send_bytes(b"?")
+
+    def answer(self) -> tuple[dict[str, torch.Tensor], CoreState]:
+        """Waits for the outputs [1, E, ...] and next core state of the last ``ask``."""
         self.conn.recv_bytes()  # EOFError when the server is gone: the actor ends
         outputs = {key: self.slots.outputs[key][self.row].clone()[None] for key in OUTPUT_KEYS}
         return outputs, tuple(shared[self.row].clone() for shared in self.slots.core_state)
@@ -149,13 +163,13 @@ class RemotePolicy:
 
 class InferenceServer:
     """A model with the weights last published, on the learner's device, answering the
-    actors whose pipes it was given.
+    rows (actors' env groups) whose pipes it was given.
 
-    A pass gathers the rows of the actors waiting into host buffers allocated once (pinned
+    A pass gathers the rows waiting into host buffers allocated once (pinned
     on a GPU, so that the copies to and from the device are asynchronous), runs one
     forward pass (on a GPU, replayed from a CUDA graph: ``core.inference_graph``), samples
     the actions, and waits for the device once, for the outputs, before it writes them to
-    the actors' rows."""
+    the rows."""
 
     def __init__(
         self,
@@ -171,9 +185,9 @@ class InferenceServer:
         self.device = next(model.parameters()).device
         self.generator = sampling_generator(self.device)
         on_gpu = self.device.type == "cuda"
-        num_actors, envs_per_actor = slots.inputs["reward"].shape
+        num_rows, envs_per_row = slots.inputs["reward"].shape
         self.graphs = (
-            InferenceGraphs(model, num_actors, envs_per_actor) if cuda_graphs and on_gpu else None
+            InferenceGraphs(model, num_rows, envs_per_row) if cuda_graphs and on_gpu else None
         )
         # Lines for the run's log (how the passes run), which the process sends on.
         self.tell: Callable[[int, str], None] = log.log
@@ -192,24 +206,24 @@ class InferenceServer:
         self.weights_staging = host_buffer(weights.flat, pinned=True) if on_gpu else None
         self.seconds = figures.seconds.numpy()  # written here, read by the learner process
         self.passes = figures.passes.numpy()
-        self.conns: dict[Connection, int] = {}  # pipe -> actor index
+        self.conns: dict[Connection, int] = {}  # pipe -> row
         self.conns_lock = threading.Lock()
         self.stopping = threading.Event()
 
-    def add(self, actor_index: int, conn: Connection) -> None:
-        """Serves a (new) actor from now on."""
+    def add(self, row: int, conn: Connection) -> None:
+        """Serves a (new) actor's row from now on."""
         with self.conns_lock:
-            self.conns[conn] = actor_index
+            self.conns[conn] = row
 
     def serve(self) -> None:
-        """Answers the actors until ``stopping`` is set; then closes their pipes, which
+        """Answers the rows until ``stopping`` is set; then closes their pipes, which
         ends any actor waiting for its actions."""
         clock = PassClock(self.seconds)
         while not self.stopping.is_set():
-            actors, answers = self._requests()
+            rows, answers = self._requests()
             clock.lap("waiting")
-            if actors:
-                self.infer(actors, clock)
+            if rows:
+                self.infer(rows, clock)
                 for conn in answers:
                     try:
                         conn.send_bytes(b"!")
@@ -222,10 +236,10 @@ class InferenceServer:
             self.conns.clear()
 
     def _requests(self) -> tuple[list[int], list[Connection]]:
-        """The actors that asked (waiting up to 0.1 s for one), and their pipes."""
+        """The rows that asked (waiting up to 0.1 s for one), and their pipes."""
         with self.conns_lock:
             conns = dict(self.conns)
-        actors, answers = [], []
+        rows, answers = [], []
         for conn in multiprocessing.connection.wait(list(conns), timeout=0.1):
             try:
                 conn.recv_bytes()
@@ -234,23 +248,23 @@ class InferenceServer:
                     self.conns.pop(conn, None)
                 conn.close()
                 continue
-            actors.append(conns[conn])
+            rows.append(conns[conn])
             answers.append(conn)
-        return actors, answers
+        return rows, answers
 
-    def infer(self, actors: list[int], clock: PassClock | None = None) -> None:
-        """One forward pass for the requests of ``actors``; their rows get the outputs."""
+    def infer(self, rows: list[int], clock: PassClock | None = None) -> None:
+        """One forward pass for the requests of ``rows``; they get the outputs."""
         clock = clock or PassClock(self.seconds)
-        self.passes[len(actors)] += 1
+        self.passes[len(rows)] += 1
         self.version = self.weights.read_into(self.model, self.version, self.weights_staging)
         clock.lap("weights")
-        rows = torch.tensor(actors)
-        inputs, core_state = self._gather(rows)
+        index = torch.tensor(rows)
+        inputs, core_state = self._gather(index)
         clock.lap("gather")
         with torch.inference_mode():
             outputs, core_state = self._forward(inputs, core_state)
         clock.lap("forward")
-        self._return(rows, outputs, core_state)
+        self._return(index, outputs, core_state)
         clock.lap("return")
 
     def _forward(
@@ -403,8 +417,8 @@ def take_orders(control: Connection, server: InferenceServer) -> None:
         if order is None:
             server.stopping.set()
             return
-        actor_index, conn = order
-        server.add(actor_index, conn)
+        row, conn = order
+        server.add(row, conn)
 
 
 class InferenceProcess:
@@ -439,11 +453,12 @@ class InferenceProcess:
                 break  # its pipe holds the error it sent, or nothing but the end
         return self.read_failure()
 
-    def add(self, actor_index: int, conn: Connection) -> None:
-        """Hands the inference end of an actor's pipe over (and closes it here)."""
+    def add(self, row: int, conn: Connection) -> None:
+        """Hands the inference end of the pipe of an actor's ``row`` over (and closes it
+        here)."""
         try:
             with self.send_lock:
-                self.control.send((actor_index, conn))
+                self.control.send((row, conn))
         except OSError:
             pass  # the process is gone; the dispatcher says so
         conn.close()

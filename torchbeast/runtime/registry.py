@@ -82,6 +82,7 @@ RUNTIMES = {
             "torchbeast.runtime.mono",
             "MonoBeast: IMPALA on one machine, actors in processes.",
             settings="torchbeast.runtime.mono_settings:MonoSettings",
+            adjust_parser="torchbeast.runtime.mono_settings:adjust_parser",
             shared_memory_buffers=True,
         ),
         Runtime(

@@ -1,0 +1,176 @@
+"""MonoBeast's actors with central inference step their envs in groups that take turns
+(``--env_groups``, Sample Factory's double-buffered sampling): while the server chooses one
+group's actions, the actor steps the other's envs. Real CartPole envs and a real server."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+
+import pytest
+import torch
+
+from tests.test_monobeast import SMALL_RUN, monobeast
+from tests.test_rollout_layout import assert_layout
+from torchbeast import envs
+from torchbeast.config.flags import parse_flags
+from torchbeast.config.parsers import make_mono_parser
+from torchbeast.config.settings import Settings, build_settings
+from torchbeast.core import rollout
+from torchbeast.core.models import create_model, model_config
+from torchbeast.runtime.acting import Unroller
+from torchbeast.runtime.mono_actor import TakingTurns
+from torchbeast.runtime.mono_inference import InferenceFigures, InferenceServer, InferenceSlots
+from torchbeast.runtime.mono_weights import SharedWeights
+
+T, E, ROLLOUTS = 4, 4, 15  # 60 steps: every env ends an episode (random play: ~22)
+
+
+def mono_settings(*argv: str) -> Settings:
+    flags = ["--env", "CartPole-v1", "--num_actors", "1", "--envs_per_actor", str(E)]
+    flags += ["--unroll_length", str(T), "--batch_size", str(E), "--seed", "3", *argv]
+    return build_settings(parse_flags(flags, make_mono_parser()), "mono")
+
+
+class WhenEveryRowAsked:
+    """A server that runs a pass only once every row has asked: an actor that waited for
+    one group's actions before the other group asked would wait forever (here: 10 s, then
+    ``stalled``)."""
+
+    def __init__(self, server: InferenceServer, conns: dict):
+        self.server, self.conns = server, conns  # pipe -> row
+        self.stopping = threading.Event()
+        self.stalled = self.asked_twice = False
+        self.thread = threading.Thread(target=self.serve)
+        self.thread.start()
+
+    def serve(self) -> None:
+        pending: list = []
+        since = time.monotonic()
+        while not self.stopping.is_set():
+            for conn in multiprocessing.connection.wait(list(self.conns), timeout=0.05):
+                conn.recv_bytes()
+                self.asked_twice |= conn in pending
+                pending.append(conn)
+            if not pending:
+                since = time.monotonic()
+            elif len(pending) < len(self.conns) and time.monotonic() - since < 10:
+                continue
+            else:
+                self.stalled |= len(pending) < len(self.conns)
+                self.server.infer([self.conns[conn] for conn in pending])
+                for conn in pending:
+                    conn.send_bytes(b"!")
+                pending.clear()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+
+
+def grouped_actor(settings: Settings, groups: int):
+    """An actor of E envs in ``groups`` groups, its server, and the learner's model."""
+    spec = envs.env_spec(settings.env)
+    config = model_config(settings.model, spec.observation_shape)
+    torch.manual_seed(0)
+    learner_model = create_model(config, spec.observation_shape, spec.num_actions)
+    weights = SharedWeights(learner_model)
+    weights.publish(learner_model)
+    slots = InferenceSlots.allocate(spec, learner_model, groups, E // groups)
+    model = create_model(config, spec.observation_shape, spec.num_actions, inference_only=True)
+    server = InferenceServer(model, slots, InferenceFigures.allocate(groups), weights)
+    pipes = [multiprocessing.Pipe() for _ in range(groups)]
+    actor = TakingTurns.build(
+        settings, spec, config, slots, 0, settings.env.seed, [a for a, _ in pipes]
+    )
+    return actor, server, {conn: row for row, (_, conn) in enumerate(pipes)}, learner_model
+
+
+def test_groups_take_turns_and_write_the_rollout_layout():
+    """Each group asks for its next actions as soon as it has stepped, also after a
+    rollout's last step: every pass finds both groups waiting, and each env's rollouts keep
+    the layout (step t's logits are the model's on step t - 1's frame, step 0 repeats the
+    previous rollout's last step)."""
+    settings = mono_settings("--central_inference")
+    actor, server, conns, learner_model = grouped_actor(settings, groups=2)
+    serving = WhenEveryRowAsked(server, conns)
+    try:
+        spec = envs.env_spec(settings.env)
+        state = learner_model.initial_state(1)
+        core_states = tuple(torch.zeros(E, *s.shape[::2]) for s in state)
+        columns: list[list[dict]] = [[] for _ in range(E)]
+        for _ in range(ROLLOUTS):
+            buffers = rollout.allocate(spec, T, E)  # [E, T+1, ...]: fresh, as from a pool
+            actor.unroll(buffers, torch.arange(E), core_states)
+            for env in range(E):
+                columns[env].append({key: value[env] for key, value in buffers.items()})
+    finally:
+        serving.stop()
+        actor.close()
+    assert not serving.stalled and not serving.asked_twice
+    # One pass per step, each for both groups, and the next rollout's first already asked.
+    assert server.passes.tolist() == [0, 0, ROLLOUTS * T + 1]
+    for env in range(E):
+        assert_layout(columns[env], learner_model)
+
+
+def test_grouped_envs_are_seeded_as_the_actors_envs_in_one_group():
+    settings = mono_settings("--central_inference")
+    actor, server, _, _ = grouped_actor(settings, groups=2)
+    spec = envs.env_spec(settings.env)
+    config = model_config(settings.model, spec.observation_shape)
+    whole = Unroller(settings, spec, config, settings.env.seed)
+    try:
+        frames = torch.cat([group.env_output["frame"] for group in actor.groups])
+        assert torch.equal(frames, whole.env_output["frame"])
+        assert len(actor.groups) == 2 and all(len(g.env_output["frame"]) == 2 for g in actor.groups)
+    finally:
+        actor.close()
+        whole.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "groups"),
+    [
+        (["--central_inference"], 2),
+        (["--central_inference", "--envs_per_actor", "3"], 1),
+        (["--central_inference", "--env_groups", "4"], 4),
+        ([], 1),
+    ],
+)
+def test_env_groups_default_to_two_where_central_inference_splits_the_envs(argv, groups):
+    assert mono_settings(*argv).runtime.env_groups == groups
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--central_inference", "--env_groups", "3"],
+            "--env_groups 3 does not divide --envs_per_actor 4 into equal groups: "
+            "give a divisor of 4",
+        ),
+        (
+            ["--env_groups", "2"],
+            "--env_groups 2 takes turns waiting for central inference's actions: "
+            "add --central_inference, or leave --env_groups out",
+        ),
+    ],
+)
+def test_env_groups_that_cannot_apply_are_refused_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        mono_settings(*argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_monobeast_says_how_its_actors_step_their_envs(tmp_path):
+    args = [*SMALL_RUN, "--central_inference", "--total_steps", "2000", "--xpid", "run"]
+    result = monobeast(tmp_path, *args)
+    assert result.returncode == 0, result.stderr
+    out_log = (tmp_path / "run" / "out.log").read_text()
+    assert (
+        "each actor steps its 4 envs in 2 groups of 2 that take turns waiting for their "
+        "actions (--env_groups)."
+    ) in out_log
