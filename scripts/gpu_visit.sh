@@ -9,11 +9,13 @@
 #      its share of the time: seed 1 reached +18 at 1.37M steps in 179 s on an H100
 #      (visit 4); seed 2 was cut off at +9.3 (1.64M, 200 s): the issue asks for two seeds;
 #   3. scaling rows at the machine's layout: the defaults (fp32 actors, the baseline of the
-#      rows after it on the same machine), then central inference at 16 x 8 and 32 x 8 (in
-#      visit 4, eager: 8,810 SPS at 16 x 8, its server busy 91%, 3.3 ms per pass of which
-#      forward 1.4 and weights 0.74);
-#   4. with the time left (50 s or more), bf16 actors (`--precision auto`) at 16 x 8
-#      (visit 4: 10,898 SPS, with no fp32 row beside it).
+#      rows after it on the same machine), then central inference at 16 x 8 and 32 x 8,
+#      whose actors now step their envs in two groups that take turns (--env_groups 2, the
+#      default; in visit 4, eager and one group: 8,810 SPS at 16 x 8, its server busy 91%,
+#      3.3 ms per pass of which forward 1.4 and weights 0.74);
+#   4. with the time left (50 s or more each), central inference at 16 x 8 with one group
+#      (--env_groups 1: what taking turns gains), then bf16 actors (`--precision auto`) at
+#      16 x 8 (visit 4: 10,898 SPS, with no fp32 row beside it).
 # Everything it measures lands in $OUT.
 #
 #     OUT=/tmp/visit PONG_FLAGS="..." bash scripts/gpu_visit.sh [SECONDS]   # from the root
@@ -120,7 +122,8 @@ EOF
     wait "$pid"
     wait "$watcher"
 }
-# 2. Pong; 3. the scaling rows (about 40 s each); 4. bf16 actors with what is left.
+# 2. Pong; 3. the scaling rows (about 40 s each); 4. one group, then bf16 actors, with what
+# is left.
 rows=130 bf16_row=50
 [ "${SMALL:-0}" = 1 ] && rows=60 bf16_row=30
 seeds=(${PONG_SEEDS:-2})
@@ -130,6 +133,9 @@ for i in "${!seeds[@]}"; do
 done
 table defaults $layout
 table central "$layout $central_layouts" --central_inference
+if [ $((budget - $(elapsed))) -ge "$bf16_row" ]; then
+    table central_one_group $layout --central_inference --env_groups 1
+fi
 if [ $((budget - $(elapsed))) -ge "$bf16_row" ]; then
     table bf16_actors $layout --precision auto
 fi

@@ -7,13 +7,24 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 
 import pytest
+import torch
 
 from tests.test_polybeast import REPO
-from torchbeast.bench import actor_time_shares, bound_by, central_inference_figures, epochs_text
+from torchbeast.bench import (
+    actor_time_shares,
+    bound_by,
+    central_inference_figures,
+    epochs_text,
+    in_folder,
+    measure_sampling,
+)
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.parsers import make_bench_parser
+from torchbeast.config.settings import build_settings
+from torchbeast.runtime.registry import RUNTIMES
 
 SMALL = ["--env", "CartPole-v1", "--batch_size", "8", "--unroll_length", "20"]
 SMALL += ["--warmup_steps", "500", "--bench_steps", "2000"]
@@ -168,3 +179,45 @@ def test_bench_reports_what_the_central_inference_server_did(tmp_path):
     assert 4 <= figures["envs_per_pass"] <= 16
     assert figures["ms_per_pass"]["forward"] > 0
     assert f"{100 * figures['busy']:.0f}" == line.group(1)
+
+
+def test_sampling_alone_takes_batches_without_updating_the_model():
+    """--sampling_only: the pool's batches are taken and dropped; the learner makes no
+    update and publishes nothing, and the window still counts every step sampled."""
+    argv = ["--env", "CartPole-v1", "--central_inference", "--sampling_only"]
+    flags = parse_flags(argv, make_bench_parser(list(RUNTIMES)))
+    with tempfile.TemporaryDirectory() as folder:
+        settings = build_settings(in_folder(flags, folder), "mono")
+        with RUNTIMES["mono"].load(settings).session(settings) as trainer:
+            before = [p.detach().clone() for p in trainer.learner.model.parameters()]
+            result: dict = {}
+            measure_sampling(trainer, 1000, 5000, result)
+            after = list(trainer.learner.model.parameters())
+    assert trainer.learner.step == 0
+    assert all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
+    assert result["steps"] >= 5000 and result["sps"] > 0 and result["learner_busy"] == 0
+    assert set(result["stages"]) == {
+        "env",
+        "inference",
+        "actor other",
+        "central inference",
+        "learner process",
+    }
+    # 2 actors x 8 envs, each actor's in 2 groups of 4 that ask in turn.
+    assert 4 <= result["inference"]["envs_per_pass"] <= 16
+    assert result["bound"] == bound_by(result) != "actors (cores idle, learner waiting)"
+
+
+@pytest.mark.parametrize("runtime", ["mono", "poly"])
+def test_bench_says_when_it_measured_sampling_alone(runtime, tmp_path):
+    path = tmp_path / "bench.json"
+    command = [sys.executable, "-m", "torchbeast.bench", "--runtime", runtime, *SMALL]
+    command += ["--sampling_only", "--json", str(path)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "sampling alone (--sampling_only): each batch dropped as it filled, no update" in (
+        result.stdout
+    )
+    figures = json.loads(path.read_text())
+    assert figures["sampling_only"] is True and figures["steps"] >= 2000
+    assert "learner busy 0% of the time" in result.stdout

@@ -95,6 +95,64 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
     trainer.stop_requested.set()
 
 
+def measure_sampling(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict) -> None:
+    """``--sampling_only``: the actors (and central inference) alone. Each batch is taken
+    as soon as it fills and dropped, with no update and no new weights, so the SPS is the
+    most the sampling side gives this layout, whatever the learner costs."""
+    pool = trainer.pool = trainer.create_pool()
+    steps = 0
+
+    def sample(until: int) -> bool:
+        nonlocal steps
+        while steps < until:
+            got = pool.get_batch()
+            if got is None:  # the pool stopped: an actor failed for good
+                return False
+            frames = got[0]["done"]  # [T+1, B]
+            steps += (frames.shape[0] - 1) * frames.shape[1]
+        return True
+
+    try:
+        pool.start()
+        if not sample(warmup_steps):
+            return
+        stages_before = trainer.stage_totals()
+        start_time, start_step, start_cpu = time.monotonic(), steps, time.process_time()
+        inference_before = central_inference_totals(trainer)
+        walls_before = pool.actor_wall_seconds()
+        gpu = GpuSampler(trainer.device)
+        while steps < start_step + bench_steps:
+            gpu.sample()
+            if not sample(min(start_step + bench_steps, steps + 1)):
+                return
+        elapsed = time.monotonic() - start_time
+        window = steps - start_step
+        stages = {
+            name: 1e3 * (seconds - stages_before[name]) / window
+            for name, seconds in trainer.stage_totals().items()
+        }
+        stages["learner process"] = 1e3 * (time.process_time() - start_cpu) / window
+        result.update(
+            sps=window / elapsed,
+            steps=window,
+            seconds=elapsed,
+            stages=stages,
+            learner_busy=0.0,
+            gpu_utilization=gpu.mean(),
+            cores=len(os.sched_getaffinity(0)),
+            sampling_only=True,
+        )
+        if inference_before is not None:
+            result["inference"] = central_inference_figures(
+                inference_before, central_inference_totals(trainer), elapsed
+            )
+        if walls_before:
+            result["actor_time"] = actor_time_shares(walls_before, pool.actor_wall_seconds())
+        result["bound"] = bound_by(result)
+    finally:
+        pool.stop()
+
+
 def central_inference_totals(trainer: Trainer) -> dict[str, float] | None:
     """The central inference server's seconds by part so far, with its passes and the
     envs they served; None where actors run their own inference."""
@@ -187,6 +245,8 @@ def bound_by(result: dict) -> str:
     if cores_used >= BUSY * result["cores"]:
         largest = max(stages, key=stages.get)
         return f"CPU (all cores busy; largest stage: {largest})"
+    if result.get("sampling_only"):
+        return "actors (cores idle)"
     return "actors (cores idle, learner waiting)"
 
 
@@ -213,10 +273,11 @@ def main(argv: list[str] | None = None) -> int:
             thread: threading.Thread | None = None
             try:
                 with runtime.session(settings) as trainer:
-                    thread = threading.Thread(
-                        target=measure,
-                        args=(trainer, flags.warmup_steps, flags.bench_steps, result),
-                    )
+                    window = (trainer, flags.warmup_steps, flags.bench_steps, result)
+                    if flags.sampling_only:
+                        measure_sampling(*window)
+                        return
+                    thread = threading.Thread(target=measure, args=window)
                     thread.start()
                     trainer.train()
             finally:
@@ -269,6 +330,8 @@ def print_result(flags: argparse.Namespace, trainer: Trainer, result: dict) -> N
         f"(torso in {torso_dtype(trainer)}), "
         f"{cores} cores, torch {torch.__version__}"
     )
+    if result.get("sampling_only"):
+        print("sampling alone (--sampling_only): each batch dropped as it filled, no update")
     print(
         f"steady-state SPS: {result['sps']:.1f}  ({result['steps']} steps in "
         f"{result['seconds']:.1f} s after {flags.warmup_steps} warm-up steps)"

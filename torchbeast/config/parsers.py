@@ -93,6 +93,12 @@ def make_bench_parser(runtimes: list[str]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--json", default=None, metavar="FILE", help="Also write the figures to FILE as JSON."
     )
+    parser.add_argument(
+        "--sampling_only",
+        action="store_true",
+        help="Measure the actors (and central inference) alone: each batch is dropped as "
+        "soon as it fills, with no update, so the SPS is the most sampling gives the layout.",
+    )
 
     def refuse_other_runtimes_flags(flags: argparse.Namespace, parser, sources) -> dict:
         """Another runtime's own flag, given, is refused (before any is derived)."""
