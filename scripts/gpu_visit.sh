@@ -13,9 +13,11 @@
 #      whose actors now step their envs in two groups that take turns (--env_groups 2, the
 #      default; in visit 4, eager and one group: 8,810 SPS at 16 x 8, its server busy 91%,
 #      3.3 ms per pass of which forward 1.4 and weights 0.74);
-#   4. with the time left (50 s or more each), central inference at 16 x 8 with one group
-#      (--env_groups 1: what taking turns gains), then bf16 actors (`--precision auto`) at
-#      16 x 8 (visit 4: 10,898 SPS, with no fp32 row beside it).
+#   4. with the time left: sampling alone (--sampling_only: batches dropped, no learner) at
+#      16 x 8, the actors' own inference and central inference, the most the actors can
+#      give; central inference at 16 x 8 with one group (--env_groups 1: what taking turns
+#      gains); then bf16 actors (`--precision auto`) at 16 x 8 (visit 4: 10,898 SPS, with
+#      no fp32 row beside it).
 # Everything it measures lands in $OUT.
 #
 #     OUT=/tmp/visit PONG_FLAGS="..." bash scripts/gpu_visit.sh [SECONDS]   # from the root
@@ -122,10 +124,10 @@ EOF
     wait "$pid"
     wait "$watcher"
 }
-# 2. Pong; 3. the scaling rows (about 40 s each); 4. one group, then bf16 actors, with what
-# is left.
-rows=130 bf16_row=50
-[ "${SMALL:-0}" = 1 ] && rows=60 bf16_row=30
+# 2. Pong; 3. the scaling rows (about 40 s each); 4. sampling alone (about 25 s each), one
+# group, then bf16 actors, with what is left.
+rows=130 sampling_rows=50 bf16_row=50
+[ "${SMALL:-0}" = 1 ] && rows=60 sampling_rows=30 bf16_row=30
 seeds=(${PONG_SEEDS:-2})
 for i in "${!seeds[@]}"; do
     left=$((budget - $(elapsed) - rows - 15))
@@ -133,6 +135,10 @@ for i in "${!seeds[@]}"; do
 done
 table defaults $layout
 table central "$layout $central_layouts" --central_inference
+if [ $((budget - $(elapsed))) -ge "$sampling_rows" ]; then
+    table sampling_actors $layout --sampling_only
+    table sampling_central $layout --sampling_only --central_inference
+fi
 if [ $((budget - $(elapsed))) -ge "$bf16_row" ]; then
     table central_one_group $layout --central_inference --env_groups 1
 fi
