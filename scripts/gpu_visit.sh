@@ -16,7 +16,8 @@
 #   4. with the time left: sampling alone (--sampling_only: batches dropped, no learner) at
 #      16 x 8, the actors' own inference and central inference, the most the actors can
 #      give; central inference at 16 x 8 with one group (--env_groups 1: what taking turns
-#      gains); then bf16 actors (`--precision auto`) at 16 x 8 (visit 4: 10,898 SPS, with
+#      gains; one group still asks for a rollout's first actions before it hands the
+#      rollout over, which visit 4's actors did not); then bf16 actors (`--precision auto`) at 16 x 8 (visit 4: 10,898 SPS, with
 #      no fp32 row beside it).
 # Everything it measures lands in $OUT.
 #

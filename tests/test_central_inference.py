@@ -118,6 +118,25 @@ def test_each_pass_answers_only_its_own_actors_from_the_rows_they_wrote():
     assert server.passes.tolist() == [0, 1, 0, 1]  # one pass of 1 actor, one of 3
 
 
+def test_a_row_taken_over_by_a_new_actor_is_served_through_its_pipe_alone():
+    """An actor that died with a request pending leaves it in its pipe; its successor's
+    request comes through a new pipe. The server serves the row once, for the successor."""
+    config = dict(LSTM, use_lstm=False)
+    learner_model = create_model(config, SPEC.observation_shape, SPEC.num_actions)
+    server, _, _ = serve(learner_model, config, num_actors=2, envs_per_actor=2)
+    dead_end, dead_server_end = multiprocessing.Pipe()
+    server.add(0, dead_server_end)
+    dead_end.send_bytes(b"?")  # asked, then died
+    new_end, new_server_end = multiprocessing.Pipe()
+    server.add(0, new_server_end)
+    new_end.send_bytes(b"?")
+
+    rows, answers = server._requests()
+
+    assert rows == [0] and answers == [new_server_end]
+    assert dead_server_end.closed
+
+
 def test_the_server_times_each_part_of_its_passes_and_its_waits():
     config = dict(LSTM, use_lstm=False)
     learner_model = create_model(config, SPEC.observation_shape, SPEC.num_actions)

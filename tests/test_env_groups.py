@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from tests.test_monobeast import SMALL_RUN, monobeast
-from tests.test_rollout_layout import assert_layout
 from torchbeast import envs
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.parsers import make_mono_parser
@@ -53,9 +52,10 @@ class WhenEveryRowAsked:
                 conn.recv_bytes()
                 self.asked_twice |= conn in pending
                 pending.append(conn)
+            patience = 0 if self.stalled else 10  # one stall fails the test: no more waits
             if not pending:
                 since = time.monotonic()
-            elif len(pending) < len(self.conns) and time.monotonic() - since < 10:
+            elif len(pending) < len(self.conns) and time.monotonic() - since < patience:
                 continue
             else:
                 self.stalled |= len(pending) < len(self.conns)
@@ -87,32 +87,93 @@ def grouped_actor(settings: Settings, groups: int):
     return actor, server, {conn: row for row, (_, conn) in enumerate(pipes)}, learner_model
 
 
-def test_groups_take_turns_and_write_the_rollout_layout():
-    """Each group asks for its next actions as soon as it has stepped, also after a
-    rollout's last step: every pass finds both groups waiting, and each env's rollouts keep
-    the layout (step t's logits are the model's on step t - 1's frame, step 0 repeats the
-    previous rollout's last step)."""
-    settings = mono_settings("--central_inference")
+def spy_on_turns(actor: TakingTurns) -> list[tuple[str, int]]:
+    """Records each group's asks, answers and env steps, in order, as they happen (the
+    real methods still run)."""
+    events: list[tuple[str, int]] = []
+
+    def recorded(name: str, group: int, method):
+        def call(*args):
+            events.append((name, group))
+            return method(*args)
+
+        return call
+
+    for group, unroller in enumerate(actor.groups):
+        policy = unroller.split
+        policy.ask = recorded("ask", group, policy.ask)
+        policy.answer = recorded("answer", group, policy.answer)
+        unroller.step = recorded("step", group, unroller.step)
+    return events
+
+
+def assert_the_other_group_waits_while_one_steps(events: list[tuple[str, int]]) -> None:
+    waiting = {0: False, 1: False}  # asked and not yet answered
+    for name, group in events:
+        if name == "step":
+            assert waiting[1 - group], f"group {group} stepped with no request of the other's"
+        else:
+            waiting[group] = name == "ask"
+
+
+def assert_rollouts_replay(
+    rollouts: list[dict[str, torch.Tensor]], states: list[tuple], model: torch.nn.Module
+) -> None:
+    """One env's consecutive rollouts (name -> [T+1, ...]) and the core state each started
+    from ([layers, H] each): the model, run over steps 0..T-1 from that state as the
+    learner runs it, gives the logits of steps 1..T; step 0 repeats the last rollout's T."""
+    for steps, state in zip(rollouts, states, strict=True):
+        inputs = {key: steps[key][:-1].unsqueeze(1) for key in rollout.ENV_KEYS}  # [T, 1]
+        core_state = tuple(s.unsqueeze(1) for s in state)  # [layers, 1, H]
+        with torch.no_grad():
+            outputs, _ = model(inputs, core_state, act=False)
+        torch.testing.assert_close(outputs["policy_logits"][:, 0], steps["policy_logits"][1:])
+    for before, after in zip(rollouts, rollouts[1:], strict=False):
+        for key in before:
+            assert torch.equal(after[key][0], before[key][T]), key
+
+
+@pytest.mark.parametrize("model", [[], ["--use_lstm"]], ids=["mlp", "lstm"])
+def test_groups_take_turns_and_write_each_envs_rollouts_to_its_slots(model):
+    """While one group steps, the other's request is with the server; each group asks for
+    its next actions as soon as it has stepped, also after a rollout's last step. Each env's
+    rollouts land in the slots handed out for it, replay from the core state recorded for
+    them, and follow on from each other."""
+    settings = mono_settings("--central_inference", *model)
     actor, server, conns, learner_model = grouped_actor(settings, groups=2)
+    events = spy_on_turns(actor)
     serving = WhenEveryRowAsked(server, conns)
+    spec = envs.env_spec(settings.env)
+    generator = torch.Generator().manual_seed(0)
+    columns: list[list[dict]] = [[] for _ in range(E)]
+    states: list[list[tuple]] = [[] for _ in range(E)]
+    # The actor's env i is env i % (E/G) of group i // (E/G).
+    first_frames = torch.cat([group.env_output["frame"] for group in actor.groups])
     try:
-        spec = envs.env_spec(settings.env)
-        state = learner_model.initial_state(1)
-        core_states = tuple(torch.zeros(E, *s.shape[::2]) for s in state)
-        columns: list[list[dict]] = [[] for _ in range(E)]
+        core_states = tuple(
+            torch.zeros(E, *s.shape[::2]) for s in learner_model.initial_state(1)
+        )  # [slots, layers, H] each
         for _ in range(ROLLOUTS):
-            buffers = rollout.allocate(spec, T, E)  # [E, T+1, ...]: fresh, as from a pool
-            actor.unroll(buffers, torch.arange(E), core_states)
-            for env in range(E):
-                columns[env].append({key: value[env] for key, value in buffers.items()})
+            buffers = rollout.allocate(spec, T, E)  # [slots, T+1, ...]: fresh, as from a pool
+            index = torch.randperm(E, generator=generator)  # env i -> slot index[i]
+            actor.unroll(buffers, index, core_states)
+            for env, slot in enumerate(index.tolist()):
+                columns[env].append({key: value[slot] for key, value in buffers.items()})
+                states[env].append(tuple(s[slot].clone() for s in core_states))
     finally:
         serving.stop()
         actor.close()
     assert not serving.stalled and not serving.asked_twice
+    assert_the_other_group_waits_while_one_steps(events)
     # One pass per step, each for both groups, and the next rollout's first already asked.
     assert server.passes.tolist() == [0, 0, ROLLOUTS * T + 1]
+    last = {group: name for name, group in events}
+    assert last == {0: "ask", 1: "ask"}  # the next rollout's first actions, asked already
     for env in range(E):
-        assert_layout(columns[env], learner_model)
+        assert torch.equal(columns[env][0]["frame"][0], first_frames[env])  # its own env
+        assert_rollouts_replay(columns[env], states[env], learner_model)
+    if model:  # the LSTM's state moved on, rollout after rollout
+        assert not torch.equal(states[0][-1][0], torch.zeros_like(states[0][-1][0]))
 
 
 def test_grouped_envs_are_seeded_as_the_actors_envs_in_one_group():

@@ -43,8 +43,10 @@ from torchbeast.config.settings import build_settings
 from torchbeast.core.precision import dtype_name
 from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.mono_inference import PASS_PARTS
+from torchbeast.runtime.pool import Pool
 from torchbeast.runtime.registry import RUNTIMES
-from torchbeast.runtime.training import Trainer
+from torchbeast.runtime.supervision import sigterm_handled
+from torchbeast.runtime.training import Trainer, TrainingError
 
 
 def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict) -> None:
@@ -95,62 +97,74 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
     trainer.stop_requested.set()
 
 
+class BatchDropper:
+    """Takes the pool's batches as they fill and drops them, counting their steps."""
+
+    def __init__(self, pool: Pool):
+        self.pool = pool
+        self.steps = 0
+
+    def take_until(self, steps: int) -> bool:
+        """Takes batches until ``steps`` steps in all; False when the pool stopped (a
+        signal), and the pool's error as a ``TrainingError`` when an actor failed for good."""
+        while self.steps < steps:
+            got = self.pool.get_batch()
+            if got is None:
+                if self.pool.error is not None:
+                    raise TrainingError(self.pool.error)
+                return False
+            done = got[0]["done"]  # [T+1, B]
+            self.steps += (done.shape[0] - 1) * done.shape[1]
+        return True
+
+
 def measure_sampling(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict) -> None:
     """``--sampling_only``: the actors (and central inference) alone. Each batch is taken
     as soon as it fills and dropped, with no update and no new weights, so the SPS is the
-    most the sampling side gives this layout, whatever the learner costs."""
+    most the sampling side gives this layout, whatever the learner costs. SIGTERM stops it
+    as it stops training; a pool that fails says why in one line."""
     pool = trainer.pool = trainer.create_pool()
-    steps = 0
-
-    def sample(until: int) -> bool:
-        nonlocal steps
-        while steps < until:
-            got = pool.get_batch()
-            if got is None:  # the pool stopped: an actor failed for good
-                return False
-            frames = got[0]["done"]  # [T+1, B]
-            steps += (frames.shape[0] - 1) * frames.shape[1]
-        return True
-
-    try:
-        pool.start()
-        if not sample(warmup_steps):
-            return
-        stages_before = trainer.stage_totals()
-        start_time, start_step, start_cpu = time.monotonic(), steps, time.process_time()
-        inference_before = central_inference_totals(trainer)
-        walls_before = pool.actor_wall_seconds()
-        gpu = GpuSampler(trainer.device)
-        while steps < start_step + bench_steps:
-            gpu.sample()
-            if not sample(min(start_step + bench_steps, steps + 1)):
+    dropper = BatchDropper(pool)
+    with sigterm_handled(trainer.request_stop):
+        try:
+            pool.start()
+            if not dropper.take_until(warmup_steps):
                 return
-        elapsed = time.monotonic() - start_time
-        window = steps - start_step
-        stages = {
-            name: 1e3 * (seconds - stages_before[name]) / window
-            for name, seconds in trainer.stage_totals().items()
-        }
-        stages["learner process"] = 1e3 * (time.process_time() - start_cpu) / window
-        result.update(
-            sps=window / elapsed,
-            steps=window,
-            seconds=elapsed,
-            stages=stages,
-            learner_busy=0.0,
-            gpu_utilization=gpu.mean(),
-            cores=len(os.sched_getaffinity(0)),
-            sampling_only=True,
-        )
-        if inference_before is not None:
-            result["inference"] = central_inference_figures(
-                inference_before, central_inference_totals(trainer), elapsed
+            stages_before = trainer.stage_totals()
+            start_time, start_step, start_cpu = time.monotonic(), dropper.steps, time.process_time()
+            inference_before = central_inference_totals(trainer)
+            walls_before = pool.actor_wall_seconds()
+            gpu = GpuSampler(trainer.device)
+            while dropper.steps < start_step + bench_steps:
+                gpu.sample()
+                if not dropper.take_until(dropper.steps + 1):  # one batch
+                    return
+            elapsed = time.monotonic() - start_time
+            steps = dropper.steps - start_step
+            stages = {
+                name: 1e3 * (seconds - stages_before[name]) / steps
+                for name, seconds in trainer.stage_totals().items()
+            }
+            stages["learner process"] = 1e3 * (time.process_time() - start_cpu) / steps
+            result.update(
+                sps=steps / elapsed,
+                steps=steps,
+                seconds=elapsed,
+                stages=stages,
+                learner_busy=0.0,
+                gpu_utilization=gpu.mean(),
+                cores=len(os.sched_getaffinity(0)),
+                sampling_only=True,
             )
-        if walls_before:
-            result["actor_time"] = actor_time_shares(walls_before, pool.actor_wall_seconds())
-        result["bound"] = bound_by(result)
-    finally:
-        pool.stop()
+            if inference_before is not None:
+                result["inference"] = central_inference_figures(
+                    inference_before, central_inference_totals(trainer), elapsed
+                )
+            if walls_before:
+                result["actor_time"] = actor_time_shares(walls_before, pool.actor_wall_seconds())
+            result["bound"] = bound_by(result)
+        finally:
+            pool.stop()
 
 
 def central_inference_totals(trainer: Trainer) -> dict[str, float] | None:

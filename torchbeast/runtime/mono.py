@@ -47,6 +47,7 @@ from torchbeast.runtime.mono_inference import (
     InferenceProcess,
     InferenceSlots,
 )
+from torchbeast.runtime.mono_settings import default_env_groups
 from torchbeast.runtime.mono_weights import SharedWeights
 from torchbeast.runtime.pool import ACTOR_TIME_PARTS, Pool, actor_stage_totals
 from torchbeast.runtime.processes import process_cpu_seconds
@@ -126,7 +127,14 @@ class ActorPool(Pool):
         # With central inference, each actor's env groups ask through rows of their own.
         self.env_groups = 1
         if settings.runtime.central_inference:
-            self.env_groups = settings.runtime.env_groups or 1
+            self.env_groups = settings.runtime.env_groups or default_env_groups(
+                self.envs_per_actor, True
+            )
+            if self.envs_per_actor % self.env_groups:
+                raise ValueError(
+                    f"env_groups {self.env_groups} does not divide envs_per_actor "
+                    f"{self.envs_per_actor}"
+                )
         if settings.runtime.central_inference:
             rows = num_actors * self.env_groups
             central = CentralInference(

@@ -207,12 +207,18 @@ class InferenceServer:
         self.seconds = figures.seconds.numpy()  # written here, read by the learner process
         self.passes = figures.passes.numpy()
         self.conns: dict[Connection, int] = {}  # pipe -> row
+        self.retired: list[Connection] = []  # pipes of rows that a new actor took over
         self.conns_lock = threading.Lock()
         self.stopping = threading.Event()
 
     def add(self, row: int, conn: Connection) -> None:
-        """Serves a (new) actor's row from now on."""
+        """Serves a (new) actor's row from now on, through ``conn`` alone: the pipe of the
+        actor it replaces goes, so that a request that actor left is not served too (one
+        pass would hold the row twice)."""
         with self.conns_lock:
+            for old in [old for old, served in self.conns.items() if served == row]:
+                del self.conns[old]
+                self.retired.append(old)  # closed by the serving thread, between its waits
             self.conns[conn] = row
 
     def serve(self) -> None:
@@ -231,13 +237,17 @@ class InferenceServer:
                         pass  # it died meanwhile; the next wait sees its pipe close
                 clock.lap("answer")
         with self.conns_lock:
-            for conn in self.conns:
+            for conn in [*self.conns, *self.retired]:
                 conn.close()
             self.conns.clear()
+            self.retired.clear()
 
     def _requests(self) -> tuple[list[int], list[Connection]]:
         """The rows that asked (waiting up to 0.1 s for one), and their pipes."""
         with self.conns_lock:
+            for conn in self.retired:
+                conn.close()
+            self.retired.clear()
             conns = dict(self.conns)
         rows, answers = [], []
         for conn in multiprocessing.connection.wait(list(conns), timeout=0.1):

@@ -33,6 +33,12 @@ class MonoSettings:
     )
 
 
+def default_env_groups(envs_per_actor: int, central_inference: bool) -> int:
+    """--env_groups where not given: 2 with central inference where the envs split evenly,
+    else 1."""
+    return 2 if central_inference and envs_per_actor % 2 == 0 else 1
+
+
 def resolve_env_groups(
     flags: argparse.Namespace, parser: argparse.ArgumentParser, sources: Sources
 ) -> dict:
@@ -40,7 +46,7 @@ def resolve_env_groups(
     given must divide --envs_per_actor, and only central inference takes it."""
     envs, groups = flags.envs_per_actor, flags.env_groups
     if groups is None:
-        return dict(env_groups=2 if flags.central_inference and envs % 2 == 0 else 1)
+        return dict(env_groups=default_env_groups(envs, flags.central_inference))
     if groups > 1 and not flags.central_inference:
         parser.error(
             f"--env_groups {groups} takes turns waiting for central inference's actions: "
