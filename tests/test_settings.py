@@ -133,7 +133,7 @@ def declarations() -> list[tuple[str, str]]:
 
 # Flags that steer the parse itself or the benchmark, not a setting of the run.
 NOT_SETTINGS = {"help", "config", "no_presets", "print_settings"}
-BENCH_ONLY = {"runtime", "warmup_steps", "bench_steps", "json"}
+BENCH_ONLY = {"runtime", "warmup_steps", "bench_steps", "json", "sampling_only"}
 
 
 def test_no_flag_is_declared_by_two_fields():
