@@ -49,6 +49,51 @@ from torchbeast.runtime.supervision import sigterm_handled
 from torchbeast.runtime.training import Trainer, TrainingError
 
 
+class Window:
+    """A measurement window: what the run had counted when it opened (CPU seconds by
+    stage, the learner's updating time, central inference's and the actors' clocks), and
+    the figures of the steps since, at its close."""
+
+    def __init__(self, trainer: Trainer, step: int):
+        self.trainer = trainer
+        self.stages = trainer.stage_totals()  # CPU seconds by stage
+        self.time, self.step, self.cpu = time.monotonic(), step, time.process_time()
+        self.updating = trainer.update_seconds()
+        self.inference = central_inference_totals(trainer)
+        self.walls = trainer.pool.actor_wall_seconds()
+        self.gpu = GpuSampler(trainer.device)
+
+    def figures(self, step: int) -> dict:
+        """SPS, CPU ms per agent step by stage, how busy the learner (and the GPU, and
+        central inference) was, where the actors' time went and what bounds the run, over
+        the steps up to ``step``; {} for none."""
+        trainer, steps = self.trainer, step - self.step
+        elapsed = time.monotonic() - self.time
+        if steps <= 0:
+            return {}
+        stages = {
+            name: 1e3 * (seconds - self.stages[name]) / steps
+            for name, seconds in trainer.stage_totals().items()
+        }  # CPU ms per agent step
+        stages["learner process"] = 1e3 * (time.process_time() - self.cpu) / steps
+        result = dict(
+            sps=steps / elapsed,
+            steps=steps,
+            seconds=elapsed,
+            stages=stages,
+            learner_busy=(trainer.update_seconds() - self.updating) / elapsed,
+            gpu_utilization=self.gpu.mean(),
+            cores=len(os.sched_getaffinity(0)),
+        )
+        if self.inference is not None:
+            result["inference"] = central_inference_figures(
+                self.inference, central_inference_totals(trainer), elapsed
+            )
+        if self.walls:
+            result["actor_time"] = actor_time_shares(self.walls, trainer.pool.actor_wall_seconds())
+        return result
+
+
 def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict) -> None:
     """Runs beside training: samples the window after warm-up, then stops the run."""
     learner = trainer.learner
@@ -58,42 +103,13 @@ def measure(trainer: Trainer, warmup_steps: int, bench_steps: int, result: dict)
         time.sleep(0.05)
     if trainer.pool is None:
         return
-    stages_before = trainer.stage_totals()  # CPU seconds by stage
-    start_time, start_step, start_cpu = time.monotonic(), learner.step, time.process_time()
-    start_updating = trainer.update_seconds()
-    inference_before = central_inference_totals(trainer)
-    walls_before = trainer.pool.actor_wall_seconds()
-    gpu = GpuSampler(trainer.device)
-    while learner.step < start_step + bench_steps and not trainer.stop_requested.is_set():
-        gpu.sample()
+    window = Window(trainer, learner.step)
+    while learner.step < window.step + bench_steps and not trainer.stop_requested.is_set():
+        window.gpu.sample()
         time.sleep(0.05)
-    elapsed = time.monotonic() - start_time
-    learner_cpu = time.process_time() - start_cpu
-    learner_busy = (trainer.update_seconds() - start_updating) / elapsed
-    steps = learner.step - start_step
-    if steps == 0:
-        return
-    stages = {
-        name: 1e3 * (seconds - stages_before[name]) / steps
-        for name, seconds in trainer.stage_totals().items()
-    }  # CPU ms per agent step
-    stages["learner process"] = 1e3 * learner_cpu / steps
-    result.update(
-        sps=steps / elapsed,
-        steps=steps,
-        seconds=elapsed,
-        stages=stages,
-        learner_busy=learner_busy,
-        gpu_utilization=gpu.mean(),
-        cores=len(os.sched_getaffinity(0)),
-    )
-    if inference_before is not None:
-        result["inference"] = central_inference_figures(
-            inference_before, central_inference_totals(trainer), elapsed
-        )
-    if walls_before:
-        result["actor_time"] = actor_time_shares(walls_before, trainer.pool.actor_wall_seconds())
-    result["bound"] = bound_by(result)
+    result.update(window.figures(learner.step))
+    if result:
+        result["bound"] = bound_by(result)
     trainer.stop_requested.set()
 
 
@@ -130,38 +146,12 @@ def measure_sampling(trainer: Trainer, warmup_steps: int, bench_steps: int, resu
             pool.start()
             if not dropper.take_until(warmup_steps):
                 return
-            stages_before = trainer.stage_totals()
-            start_time, start_step, start_cpu = time.monotonic(), dropper.steps, time.process_time()
-            inference_before = central_inference_totals(trainer)
-            walls_before = pool.actor_wall_seconds()
-            gpu = GpuSampler(trainer.device)
-            while dropper.steps < start_step + bench_steps:
-                gpu.sample()
+            window = Window(trainer, dropper.steps)
+            while dropper.steps < window.step + bench_steps:
+                window.gpu.sample()
                 if not dropper.take_until(dropper.steps + 1):  # one batch
                     return
-            elapsed = time.monotonic() - start_time
-            steps = dropper.steps - start_step
-            stages = {
-                name: 1e3 * (seconds - stages_before[name]) / steps
-                for name, seconds in trainer.stage_totals().items()
-            }
-            stages["learner process"] = 1e3 * (time.process_time() - start_cpu) / steps
-            result.update(
-                sps=steps / elapsed,
-                steps=steps,
-                seconds=elapsed,
-                stages=stages,
-                learner_busy=0.0,
-                gpu_utilization=gpu.mean(),
-                cores=len(os.sched_getaffinity(0)),
-                sampling_only=True,
-            )
-            if inference_before is not None:
-                result["inference"] = central_inference_figures(
-                    inference_before, central_inference_totals(trainer), elapsed
-                )
-            if walls_before:
-                result["actor_time"] = actor_time_shares(walls_before, pool.actor_wall_seconds())
+            result.update(window.figures(dropper.steps), sampling_only=True)
             result["bound"] = bound_by(result)
         finally:
             pool.stop()

@@ -135,7 +135,6 @@ class ActorPool(Pool):
                     f"env_groups {self.env_groups} does not divide envs_per_actor "
                     f"{self.envs_per_actor}"
                 )
-        if settings.runtime.central_inference:
             rows = num_actors * self.env_groups
             central = CentralInference(
                 slots=InferenceSlots.allocate(
