@@ -21,7 +21,7 @@ from tests.test_monobeast import (
 )
 from torchbeast.config.flags import parse_flags, parse_flags_and_sources
 from torchbeast.config.resolvers import default_layout, grown_batch
-from torchbeast.runtime.layout import ACTOR_NICENESS, threads_per_op
+from torchbeast.runtime.layout import ACTOR_NICENESS, threads_per_op, torso_threads
 
 
 @pytest.mark.parametrize(
@@ -195,8 +195,13 @@ def test_a_bf16_run_says_so_and_saves_fp32_weights(tmp_path):
     assert result.returncode == 0, result.stderr
     out_log = (tmp_path / "run" / "out.log").read_text()
     assert "The torso computes in bf16 on the CPU (--precision bf16" in out_log
-    threads = threads_per_op(len(os.sched_getaffinity(0)), 1, bf16=True)
-    assert f"PyTorch uses {threads} thread(s) per op in the learner process" in out_log
+    cores = len(os.sched_getaffinity(0))
+    split = torso_threads(cores, cpu_learner=True)
+    threads = threads_per_op(cores, 1, bf16=True, torso_threads=split)
+    line = f"PyTorch uses {threads} thread(s) per op in the learner process"
+    if split > 1:  # an Atari torso on the CPU splits each batch's rows over threads
+        line += f", and its torso's passes split each batch over {split} threads"
+    assert line in out_log
     state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)
     dtypes = {value.dtype for value in state["model_state_dict"].values()}
     assert dtypes == {torch.float32}  # a checkpoint plays and resumes in any precision

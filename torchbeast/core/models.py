@@ -28,6 +28,7 @@ from torch import nn
 
 from torchbeast.core.errors import UserError
 from torchbeast.core.settings import ModelSettings
+from torchbeast.core.torso_chunks import TorsoChunks
 
 CoreState = tuple[torch.Tensor, ...]
 
@@ -42,6 +43,9 @@ def fully_connected(in_size: int, hidden_size: int, num_layers: int) -> nn.Seque
 
 class AtariTorso(nn.Module):
     """Nature-DQN convolutions (32/64/64) then the fully connected layers."""
+
+    # Whether a row's work is enough to split a batch's rows over threads (TorsoChunks).
+    rows_worth_threads = True
 
     def __init__(self, observation_shape: Sequence[int], hidden_size: int, num_layers: int):
         super().__init__()
@@ -76,6 +80,8 @@ class ResidualBlock(nn.Module):
 class ResNetTorso(nn.Module):
     """IMPALA deep torso: per stage conv 3x3 -> max-pool 3/2 -> two residual blocks."""
 
+    rows_worth_threads = True
+
     def __init__(self, observation_shape: Sequence[int], hidden_size: int, num_layers: int):
         super().__init__()
         stages: list[nn.Module] = []
@@ -103,6 +109,8 @@ class GridTorso(nn.Module):
     [H, W, C] grid of object channels, then the fully connected layers. Channels come
     last, as in Gymnasium's image spaces and MinAtar's observations."""
 
+    rows_worth_threads = False
+
     def __init__(self, observation_shape: Sequence[int], hidden_size: int, num_layers: int):
         super().__init__()
         height, width, channels = observation_shape
@@ -118,6 +126,8 @@ class GridTorso(nn.Module):
 
 class MLPTorso(nn.Module):
     """Flattened observation through fully connected layers (CartPole, ...)."""
+
+    rows_worth_threads = False
 
     def __init__(self, observation_shape: Sequence[int], hidden_size: int, num_layers: int):
         super().__init__()
@@ -141,12 +151,16 @@ class Agent(nn.Module):
         use_lstm: bool,
         lstm_layers: int = 2,
         compute_dtype: torch.dtype = torch.float32,
+        torso_chunks: TorsoChunks | None = None,
     ):
         """``compute_dtype``: what the torso computes in (``core.precision``); the weights,
-        the core and the heads are fp32 whatever it is."""
+        the core and the heads are fp32 whatever it is. ``torso_chunks``: the torso's
+        forward and backward passes over a batch's rows split over threads (a CPU
+        learner's; ``core.torso_chunks``)."""
         super().__init__()
         self.torso = torso
         self.compute_dtype = compute_dtype
+        self.torso_chunks = torso_chunks
         self.num_actions = num_actions
         self.use_lstm = use_lstm
         # The core sees the embedding, the clipped reward and the one-hot last action.
@@ -178,17 +192,12 @@ class Agent(nn.Module):
         inference, which samples where it can tell which rows are non-finite."""
         frame = inputs["frame"]  # [T, B, *obs_shape]
         T, B = frame.shape[:2]
-        x = frame.flatten(0, 1)
-        lower = self.compute_dtype != torch.float32
-        if x.dtype == torch.uint8:
-            if x.dim() == 4:  # the conv torsos' layout, made while a pixel is one byte
-                x = x.contiguous(memory_format=torch.channels_last)
-            # Straight to the dtype the torso computes in: no fp32 copy of the pixels.
-            x = x.to(self.compute_dtype).div_(255.0)
+        if self.torso_chunks is None:
+            features = self.features(frame.flatten(0, 1))  # [T*B, H]
         else:
-            x = x.float()
-        with torch.autocast(x.device.type, dtype=self.compute_dtype, enabled=lower):
-            features = self.torso(x).float()  # [T*B, H]
+            features = self.torso_chunks(
+                self.features, frame.flatten(0, 1), self.torso.parameters()
+            )
 
         one_hot_last_action = F.one_hot(inputs["last_action"].flatten(0, 1), self.num_actions)
         clipped_reward = torch.clamp(inputs["reward"], -1, 1).reshape(T * B, 1)
@@ -220,6 +229,20 @@ class Agent(nn.Module):
         if act:
             outputs["action"] = self.choose(policy_logits, generator).view(T, B)
         return outputs, core_state
+
+    def features(self, observations: torch.Tensor) -> torch.Tensor:
+        """The torso's features [N, H] (fp32) of observations [N, *obs_shape]."""
+        x = observations
+        if x.dtype == torch.uint8:
+            if x.dim() == 4:  # the conv torsos' layout, made while a pixel is one byte
+                x = x.contiguous(memory_format=torch.channels_last)
+            # Straight to the dtype the torso computes in: no fp32 copy of the pixels.
+            x = x.to(self.compute_dtype).div_(255.0)
+        else:
+            x = x.float()
+        lower = self.compute_dtype != torch.float32
+        with torch.autocast(x.device.type, dtype=self.compute_dtype, enabled=lower):
+            return self.torso(x).float()
 
     def choose(
         self, policy_logits: torch.Tensor, generator: torch.Generator | None = None
@@ -286,6 +309,14 @@ def model_config(settings: ModelSettings, observation_shape: Sequence[int]) -> d
 
 
 TORSOS = {"atari": AtariTorso, "resnet": ResNetTorso, "grid": GridTorso, "mlp": MLPTorso}
+
+
+def torso_splits_rows(config: dict) -> bool:
+    """Whether the torso of ``config`` does enough work per row that a learner splits a
+    batch's rows over threads (``create_model``'s ``torso_threads``)."""
+    return TORSOS[config["kind"]].rows_worth_threads
+
+
 WEIGHT_INITS = ("orthogonal", "pytorch")
 
 
@@ -311,6 +342,7 @@ def create_model(
     weight_init: str = "pytorch",
     compute_dtype: torch.dtype = torch.float32,
     inference_only: bool = False,
+    torso_threads: int = 1,
 ) -> Agent:
     """The agent of ``config``; ``weight_init`` (see WEIGHT_INITS) matters only for a model
     that is trained from scratch, since every other copy loads its weights;
@@ -319,9 +351,22 @@ def create_model(
     ``inference_only``: a copy that only acts (an actor's, an inference server's, a played
     checkpoint's) keeps its torso's weights in ``compute_dtype`` itself, so that they are
     cast when they are loaded, not at every forward pass (which cost bf16 actors a third
-    of their inference time)."""
+    of their inference time).
+
+    ``torso_threads``: threads that share the torso's passes with gradient, each on its own
+    rows of the batch (a CPU learner's; ``core.torso_chunks``), where the torso's work per
+    row is worth a thread (the convolutional torsos); else the torso runs whole."""
     torso = TORSOS[config["kind"]](observation_shape, config["hidden_size"], config["num_layers"])
-    model = Agent(torso, num_actions, use_lstm=config["use_lstm"], compute_dtype=compute_dtype)
+    chunks = None
+    if torso_threads > 1 and torso_splits_rows(config):
+        chunks = TorsoChunks(torso_threads)
+    model = Agent(
+        torso,
+        num_actions,
+        use_lstm=config["use_lstm"],
+        compute_dtype=compute_dtype,
+        torso_chunks=chunks,
+    )
     if weight_init == "orthogonal":
         orthogonal_init(model)
     elif weight_init != "pytorch":

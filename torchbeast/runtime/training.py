@@ -28,16 +28,21 @@ from torchbeast.core import checkpoint, rollout
 from torchbeast.core.errors import RunFolderError, UserError
 from torchbeast.core.filewriter import FileWriter
 from torchbeast.core.learner import Learner, NonFiniteLossError
-from torchbeast.core.models import count_parameters, create_model, model_config
+from torchbeast.core.models import (
+    count_parameters,
+    create_model,
+    model_config,
+    torso_splits_rows,
+)
 from torchbeast.core.precision import bf16_on_cpu, compute_dtype, describe
 from torchbeast.core.replay import Replay
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
 from torchbeast.core.update_graph import UpdateGraph
 from torchbeast.envs.family import flag_text
+from torchbeast.runtime import layout
 from torchbeast.runtime.checkpointing import NOT_RESTORED_LINE, RunCheckpoint
 from torchbeast.runtime.console import setup_console_logging
-from torchbeast.runtime.layout import limit_learner_threads
 from torchbeast.runtime.pool import Pool
 from torchbeast.runtime.progress import PROGRESS_INTERVAL_S, Progress, format_duration
 from torchbeast.runtime.supervision import Sigterm, Stopped, sigterm_handled
@@ -68,9 +73,11 @@ class Trainer:
         self.device = torch.device("cuda" if use_cuda else "cpu")
         precision, torso = settings.model.precision, self.config["kind"]
         dtype = compute_dtype(precision, self.device, torso)
+        split_torso = self.device.type == "cpu" and torso_splits_rows(self.config)
+        torso_threads = layout.torso_threads(layout.learner_cores()[0], split_torso)
         # Before any thread of this process runs an op.
-        self.threads_line = limit_learner_threads(
-            self.concurrent_ops(), bf16_on_cpu(dtype, self.device)
+        self.threads_line = layout.limit_learner_threads(
+            self.concurrent_ops(), bf16_on_cpu(dtype, self.device), torso_threads
         )
         if settings.env.seed is not None:
             torch.manual_seed(settings.env.seed)
@@ -84,6 +91,7 @@ class Trainer:
             self.env_spec.num_actions,
             weight_init=settings.model.weight_init,
             compute_dtype=dtype,
+            torso_threads=torso_threads,
         )
         self.learner = Learner(
             settings.learner,

@@ -1,0 +1,125 @@
+"""A CPU learner's torso split over threads by rows (core.torso_chunks): the same features,
+gradients and updates as the whole torso, each chunk on its own thread."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from tests.settings_for_tests import setup
+from tests.test_precision import ATARI_SHAPE, model_inputs, pong_batch
+from torchbeast.core.learner import Learner
+from torchbeast.core.models import create_model, model_config, torso_splits_rows
+from torchbeast.core.settings import ModelSettings
+from torchbeast.core.torso_chunks import TorsoChunks
+from torchbeast.runtime.layout import threads_per_op, torso_threads
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return pong_batch()  # [T+1=6, B=4] real Pong frames
+
+
+def pong_model(torso_threads: int = 1, use_lstm: bool = False, dtype=torch.float32):
+    torch.manual_seed(0)
+    config = model_config(ModelSettings(use_lstm=use_lstm), ATARI_SHAPE)
+    return create_model(
+        config, ATARI_SHAPE, 6, "orthogonal", compute_dtype=dtype, torso_threads=torso_threads
+    )
+
+
+def torso_grads(model) -> list[torch.Tensor]:
+    return [param.grad.clone() for param in model.torso.parameters()]
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_split_torso_gives_the_whole_torsos_outputs_and_gradients(batch, dtype, rtol):
+    whole, split = pong_model(dtype=dtype), pong_model(torso_threads=2, dtype=dtype)
+    assert whole.torso_chunks is None and split.torso_chunks.chunks == 2
+    results = []
+    for model in (whole, split):
+        outputs, _ = model(model_inputs(batch), act=False)
+        (outputs["policy_logits"].square().sum() + outputs["baseline"].sum()).backward()
+        results.append((outputs["policy_logits"].detach(), torso_grads(model)))
+    (logits_whole, grads_whole), (logits_split, grads_split) = results
+    torch.testing.assert_close(logits_split, logits_whole, rtol=rtol, atol=1e-5)
+    for got, expected in zip(grads_split, grads_whole, strict=True):
+        scale = expected.abs().max()
+        assert (got - expected).abs().max() <= rtol * scale
+
+
+@pytest.mark.parametrize("use_lstm", [False, True])
+def test_a_learner_with_a_split_torso_makes_the_same_updates(batch, use_lstm):
+    case = setup(unroll_length=5, batch_size=4, epochs=2, ppo_clip=0.2)
+    learners = [Learner(case.learner, pong_model(threads, use_lstm=use_lstm)) for threads in (1, 2)]
+    core_state = learners[0].model.initial_state(4)
+    stats = [[learner.learn(batch, core_state) for _ in range(3)] for learner in learners]
+    for name in ("total_loss", "pg_loss", "baseline_loss", "grad_norm"):
+        assert stats[1][-1][name] == pytest.approx(stats[0][-1][name], rel=1e-4)
+    for a, b in zip(learners[0].model.parameters(), learners[1].model.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+class ThreadSpy(nn.Module):
+    """A torso that records the thread of each forward pass and of each backward pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 2)
+        self.forward_threads: list[int] = []
+        self.backward_threads: list[int] = []
+        self.rows: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.forward_threads.append(threading.get_ident())
+        self.rows.append(x.shape[0])
+        out = self.linear(x)
+        if out.requires_grad:
+            out.register_hook(lambda grad: self.backward_threads.append(threading.get_ident()))
+        return out
+
+
+def test_each_chunk_runs_forward_and_backward_on_its_own_thread():
+    spy, chunks = ThreadSpy(), TorsoChunks(2)
+    x = torch.randn(8, 3)
+    out = chunks(spy, x, spy.parameters())
+    torch.testing.assert_close(out, spy.linear(x))
+    assert spy.rows == [4, 4]
+    assert len(set(spy.forward_threads)) == 2
+    assert threading.get_ident() in spy.forward_threads  # the caller runs a chunk
+    out.sum().backward()
+    assert len(set(spy.backward_threads)) == 2
+    expected = torch.ones(8, 2).T @ x  # d(sum of x W^T + b)/dW
+    torch.testing.assert_close(spy.linear.weight.grad, expected)
+    torch.testing.assert_close(spy.linear.bias.grad, torch.full((2,), 8.0))
+
+
+def test_without_gradient_or_with_fewer_rows_than_threads_the_torso_runs_whole():
+    spy, chunks = ThreadSpy(), TorsoChunks(2)
+    with torch.no_grad():  # the bootstrap frame's pass, inference
+        chunks(spy, torch.randn(8, 3), spy.parameters())
+    chunks(spy, torch.randn(1, 3), spy.parameters())
+    assert spy.rows == [8, 1]
+    assert spy.forward_threads == [threading.get_ident()] * 2
+
+
+def test_only_convolutional_torsos_split_their_rows():
+    kinds = {kind: torso_splits_rows(dict(kind=kind)) for kind in ("atari", "resnet", "mlp")}
+    assert kinds == {"atari": True, "resnet": True, "mlp": False}
+    config = model_config(ModelSettings(), (4,))  # CartPole's MLP: a thread hop per row chunk
+    assert create_model(config, (4,), 2, torso_threads=2).torso_chunks is None
+
+
+@pytest.mark.parametrize(
+    "cores, cpu_learner, bf16, torso, per_op",
+    [(2, True, False, 2, 1), (2, True, True, 2, 1), (16, True, False, 2, 8),
+     (16, True, True, 2, 4), (1, True, False, 1, 1), (16, False, False, 1, 16)],
+)  # fmt: skip
+def test_a_cpu_learner_splits_its_torso_over_two_threads_that_share_its_cores(
+    cores, cpu_learner, bf16, torso, per_op
+):
+    assert torso_threads(cores, cpu_learner) == torso
+    assert threads_per_op(cores, 1, bf16, torso) == per_op
