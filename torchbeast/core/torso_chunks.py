@@ -5,8 +5,9 @@ at a time (PyTorch's intra-op threads), each of the few hundred ops of a pass wa
 its slowest thread, and on a machine whose other cores step environments that wait often
 costs a core's turn. Here each thread instead runs the whole torso, forward and backward,
 on its own rows of the batch, with one thread per op; the threads meet once per forward
-and once per backward pass. Measured on 2 cores with the training recipe, paired
-(docs/benchmarks.md): fp32 477-507 -> 536-564 SPS, bf16 607-711 -> 695-756 SPS.
+and once per backward pass. On 2 cores with the training recipe, in five paired runs each
+(docs/benchmarks.md), the recipe ran 2.8% faster in fp32 (mean 497 -> 511 SPS) and 4.5%
+in bf16 (695 -> 727): the machine was already about 85% busy, and little was left to win.
 
 The result is the torso's over the whole batch up to the order of float sums: each row's
 features are computed as they would be, and each weight's gradient is the sum of the

@@ -36,10 +36,11 @@ def actor_niceness(bf16_learner_on_cpu: bool) -> int:
 def torso_threads(cores: int, cpu_learner: bool) -> int:
     """Threads a CPU learner's torso splits each batch's rows over (``core.torso_chunks``),
     each running the whole torso forward and backward on its rows: two where there are
-    two cores or more. Measured on 2 cores with the training recipe, paired, this ran
-    6-18% faster than the same threads splitting each op (fp32 477-507 -> 536-564 SPS,
-    bf16 607-711 -> 695-756): the threads meet twice per pass, not at each of its few
-    hundred ops, and an op's threads wait for the slowest of them. 1 on a GPU."""
+    two cores or more. The threads meet twice per pass, not at each of its few hundred ops
+    (where an op's threads wait for the slowest of them): on 2 cores, in five paired runs
+    of the training recipe each, 2.8% faster in fp32 (mean 497 -> 511 SPS) and 4.5% in
+    bf16 (695 -> 727) than the same cores splitting each op. Measured on 2 cores only;
+    on more, the two threads share the learner's cores per op. 1 on a GPU."""
     return min(2, cores) if cpu_learner else 1
 
 
