@@ -28,9 +28,10 @@ from torchbeast.config.flags import parse_flags
 from torchbeast.config.settings import build_settings
 from torchbeast.core import rollout
 from torchbeast.core.learner import Learner
-from torchbeast.core.models import create_model, model_config
-from torchbeast.core.precision import compute_dtype
+from torchbeast.core.models import create_model, model_config, torso_splits_rows
+from torchbeast.core.precision import bf16_on_cpu, compute_dtype
 from torchbeast.core.update_graph import UpdateGraph
+from torchbeast.runtime import layout
 from torchbeast.runtime.mono_actor import SharedWeights
 
 
@@ -76,8 +77,16 @@ def main(argv: list[str]) -> None:
         env_spec = envs.env_spec(settings.env)
         config = model_config(settings.model, env_spec.observation_shape)
         dtype = compute_dtype(settings.model.precision, device, config["kind"])
+        # The threads a run's learner takes on this machine (core.torso_chunks on a CPU).
+        splittable = device.type == "cpu" and torso_splits_rows(config)
+        split = layout.torso_threads(layout.learner_cores()[0], splittable)
+        print(layout.limit_learner_threads(1, bf16_on_cpu(dtype, device), split))
         model = create_model(
-            config, env_spec.observation_shape, env_spec.num_actions, compute_dtype=dtype
+            config,
+            env_spec.observation_shape,
+            env_spec.num_actions,
+            compute_dtype=dtype,
+            torso_threads=split,
         )
         learner = Learner(settings.learner, model.to(device))
         if settings.learner.cuda_graphs == "auto" and device.type == "cuda":

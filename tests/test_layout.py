@@ -21,7 +21,12 @@ from tests.test_monobeast import (
 )
 from torchbeast.config.flags import parse_flags, parse_flags_and_sources
 from torchbeast.config.resolvers import default_layout, grown_batch
-from torchbeast.runtime.layout import ACTOR_NICENESS, threads_per_op, torso_threads
+from torchbeast.runtime.layout import (
+    ACTOR_NICENESS,
+    learner_cores,
+    threads_per_op,
+    torso_threads,
+)
 
 
 @pytest.mark.parametrize(
@@ -195,8 +200,8 @@ def test_a_bf16_run_says_so_and_saves_fp32_weights(tmp_path):
     assert result.returncode == 0, result.stderr
     out_log = (tmp_path / "run" / "out.log").read_text()
     assert "The torso computes in bf16 on the CPU (--precision bf16" in out_log
-    cores = len(os.sched_getaffinity(0))
-    split = torso_threads(cores, cpu_learner=True)
+    cores = learner_cores()[0]
+    split = torso_threads(cores, splittable=True)
     threads = threads_per_op(cores, 1, bf16=True, torso_threads=split)
     line = f"PyTorch uses {threads} thread(s) per op in the learner process"
     if split > 1:  # an Atari torso on the CPU splits each batch's rows over threads

@@ -4,6 +4,7 @@ gradients and updates as the whole torso, each chunk on its own thread."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -49,6 +50,16 @@ def test_split_torso_gives_the_whole_torsos_outputs_and_gradients(batch, dtype, 
     for got, expected in zip(grads_split, grads_whole, strict=True):
         scale = expected.abs().max()
         assert (got - expected).abs().max() <= rtol * scale
+
+
+def test_the_agent_runs_its_split_torso_on_two_threads(batch):
+    model = pong_model(torso_threads=2)
+    threads = []
+    model.torso.register_forward_hook(lambda *_: threads.append(threading.get_ident()))
+    outputs, _ = model(model_inputs(batch), act=False)
+    assert len(set(threads)) == 2
+    outputs["baseline"].sum().backward()
+    assert all(param.grad is not None for param in model.torso.parameters())
 
 
 @pytest.mark.parametrize("use_lstm", [False, True])
@@ -114,12 +125,49 @@ def test_only_convolutional_torsos_split_their_rows():
 
 
 @pytest.mark.parametrize(
-    "cores, cpu_learner, bf16, torso, per_op",
+    "cores, splittable, bf16, torso, per_op",
     [(2, True, False, 2, 1), (2, True, True, 2, 1), (16, True, False, 2, 8),
      (16, True, True, 2, 4), (1, True, False, 1, 1), (16, False, False, 1, 16)],
 )  # fmt: skip
 def test_a_cpu_learner_splits_its_torso_over_two_threads_that_share_its_cores(
-    cores, cpu_learner, bf16, torso, per_op
+    cores, splittable, bf16, torso, per_op
 ):
-    assert torso_threads(cores, cpu_learner) == torso
+    assert torso_threads(cores, splittable) == torso
     assert threads_per_op(cores, 1, bf16, torso) == per_op
+
+
+def test_odd_rows_frozen_weights_and_an_input_with_its_own_gradient():
+    spy, chunks = ThreadSpy(), TorsoChunks(2)
+    spy.linear.bias.requires_grad_(False)  # a frozen weight gets no gradient
+    x = torch.randn(5, 3)
+    chunks(spy, x, spy.parameters()).sum().backward()
+    assert sorted(spy.rows) == [2, 3]
+    torch.testing.assert_close(spy.linear.weight.grad, torch.ones(5, 2).T @ x)
+    assert spy.linear.bias.grad is None
+    wants_grad = torch.randn(4, 3, requires_grad=True)  # runs whole, so it gets its own
+    chunks(spy, wants_grad, spy.parameters()).sum().backward()
+    assert spy.rows[-1] == 4 and wants_grad.grad is not None
+
+
+def test_a_second_backward_pass_is_refused_in_one_line():
+    spy, chunks = ThreadSpy(), TorsoChunks(2)
+    out = chunks(spy, torch.randn(8, 3), spy.parameters()).sum()
+    out.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="one backward pass per forward"):
+        out.backward()
+
+
+def test_a_chunk_that_fails_waits_for_the_others_then_raises():
+    finished = []
+
+    def features(rows: torch.Tensor) -> torch.Tensor:
+        if threading.current_thread() is threading.main_thread():
+            raise ValueError("the caller's chunk failed")
+        time.sleep(0.2)
+        finished.append(rows.shape[0])
+        return rows
+
+    param = nn.Parameter(torch.ones(()))
+    with pytest.raises(ValueError, match="the caller's chunk failed"):
+        TorsoChunks(2)(features, torch.randn(8, 3), [param])
+    assert finished == [4]  # the other chunk ended before the call did

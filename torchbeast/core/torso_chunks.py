@@ -17,10 +17,11 @@ chunks' gradients, added in a fixed order (so the same inputs give the same upda
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 
 class TorsoChunks:
@@ -40,10 +41,12 @@ class TorsoChunks:
         x: torch.Tensor,
         params: Iterable[nn.Parameter],
     ) -> torch.Tensor:
-        """``features(x)``: [N, ...] -> [N, H], the same values and gradients."""
-        if x.shape[0] < self.chunks or not torch.is_grad_enabled():
+        """``features(x)``: [N, ...] -> [N, H], the same values and the same gradients
+        for the weights. An input that wants its own gradient runs whole."""
+        trained = [param for param in params if param.requires_grad]
+        if x.shape[0] < self.chunks or not torch.is_grad_enabled() or x.requires_grad:
             return features(x)
-        return _Chunked.apply(self, features, x, *params)
+        return _Chunked.apply(self, features, x, *trained)
 
     def map(self, run: Callable, *per_chunk: Sequence) -> list:
         """``run(*args)`` for each chunk's args, the first on the calling thread."""
@@ -51,7 +54,10 @@ class TorsoChunks:
             self._pool = ThreadPoolExecutor(self.chunks - 1, thread_name_prefix="torso-chunk")
         calls = list(zip(*per_chunk, strict=True))
         futures = [self._pool.submit(run, *args) for args in calls[1:]]
-        first = run(*calls[0])
+        try:
+            first = run(*calls[0])
+        finally:  # no chunk outlives the call: the weights may change right after it
+            wait(futures)
         return [first, *(future.result() for future in futures)]
 
 
@@ -71,8 +77,11 @@ class _Chunked(torch.autograd.Function):
         return torch.cat([output.detach() for output in outputs])
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad: torch.Tensor):
         outputs, params = ctx.outputs, ctx.params
+        if outputs is None:
+            raise RuntimeError("a torso split over threads takes one backward pass per forward")
         ctx.outputs = None  # each chunk's graph is freed as its backward pass ends
 
         def gradients(output: torch.Tensor, output_grad: torch.Tensor):

@@ -33,15 +33,16 @@ def actor_niceness(bf16_learner_on_cpu: bool) -> int:
     return ACTOR_NICENESS if bf16_learner_on_cpu else 0
 
 
-def torso_threads(cores: int, cpu_learner: bool) -> int:
-    """Threads a CPU learner's torso splits each batch's rows over (``core.torso_chunks``),
+def torso_threads(cores: int, splittable: bool) -> int:
+    """Threads a CPU learner's torso splits each batch's rows over (``core.torso_chunks``;
+    ``splittable``: a CPU learner, a convolutional torso, no other threads running ops),
     each running the whole torso forward and backward on its rows: two where there are
     two cores or more. The threads meet twice per pass, not at each of its few hundred ops
     (where an op's threads wait for the slowest of them): on 2 cores, in five paired runs
     of the training recipe each, 2.8% faster in fp32 (mean 497 -> 511 SPS) and 4.5% in
     bf16 (695 -> 727) than the same cores splitting each op. Measured on 2 cores only;
-    on more, the two threads share the learner's cores per op. 1 on a GPU."""
-    return min(2, cores) if cpu_learner else 1
+    on more, the two threads share the learner's cores per op. 1 where not splittable."""
+    return min(2, cores) if splittable else 1
 
 
 def threads_per_op(
@@ -57,8 +58,10 @@ def threads_per_op(
     268 SPS where two ran 300. A bf16 torso's kernels are short enough that a second
     thread per op costs more than it gives (2 cores: 691-714 SPS with one thread per op,
     636-652 with two), so in bf16 the learner's ops take half the cores, the half the
-    default layout leaves it. Threads waiting for work sleep (``OMP_WAIT_POLICY``, set in
-    ``torchbeast/__init__.py``), so the actors get the cores back between ops."""
+    default layout leaves it (its torso split over two threads of one thread per op each
+    takes both of 2 cores, which measured faster still: ``torso_threads``). Threads
+    waiting for work sleep (``OMP_WAIT_POLICY``, set in ``torchbeast/__init__.py``), so
+    the actors get the cores back between ops."""
     share = max(1, cores // 2) if bf16 else cores
     return max(1, share // max(1, concurrent_ops) // max(1, torso_threads))
 

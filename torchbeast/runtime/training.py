@@ -73,7 +73,13 @@ class Trainer:
         self.device = torch.device("cuda" if use_cuda else "cpu")
         precision, torso = settings.model.precision, self.config["kind"]
         dtype = compute_dtype(precision, self.device, torso)
-        split_torso = self.device.type == "cpu" and torso_splits_rows(self.config)
+        # Measured where the update is the only thread running ops (not beside PolyBeast's
+        # inference threads).
+        split_torso = (
+            self.device.type == "cpu"
+            and torso_splits_rows(self.config)
+            and self.concurrent_ops() == 1
+        )
         torso_threads = layout.torso_threads(layout.learner_cores()[0], split_torso)
         # Before any thread of this process runs an op.
         self.threads_line = layout.limit_learner_threads(
