@@ -190,7 +190,8 @@ def test_a_run_says_which_layout_and_threads_it_chose(tmp_path):
     actors, envs = default_layout(cores)
     assert f"Layout: {actors} actors x {envs} envs (chosen for {cores} cores)." in out_log
     threads = threads_per_op(cores, 1)
-    assert f"PyTorch uses {threads} thread(s) per op in the learner process" in out_log
+    assert f"PyTorch uses {threads} thread(s) per op in the learner process (" in out_log
+    assert "split each batch" not in out_log  # an MLP's rows are not worth a thread
 
 
 def test_a_bf16_run_says_so_and_saves_fp32_weights(tmp_path):

@@ -118,10 +118,9 @@ def test_without_gradient_or_with_fewer_rows_than_threads_the_torso_runs_whole()
 
 
 def test_only_convolutional_torsos_split_their_rows():
-    kinds = {kind: torso_splits_rows(dict(kind=kind)) for kind in ("atari", "resnet", "mlp")}
-    assert kinds == {"atari": True, "resnet": True, "mlp": False}
-    config = model_config(ModelSettings(), (4,))  # CartPole's MLP: a thread hop per row chunk
-    assert create_model(config, (4,), 2, torso_threads=2).torso_chunks is None
+    kinds = ("atari", "resnet", "grid", "mlp")
+    splits = {kind: torso_splits_rows(dict(kind=kind)) for kind in kinds}
+    assert splits == {"atari": True, "resnet": True, "grid": False, "mlp": False}
 
 
 @pytest.mark.parametrize(

@@ -354,12 +354,10 @@ def create_model(
     of their inference time).
 
     ``torso_threads``: threads that share the torso's passes with gradient, each on its own
-    rows of the batch (a CPU learner's; ``core.torso_chunks``), where the torso's work per
-    row is worth a thread (the convolutional torsos); else the torso runs whole."""
+    rows of the batch (a CPU learner's, where ``torso_splits_rows``; ``core.torso_chunks``);
+    1: the torso runs whole."""
     torso = TORSOS[config["kind"]](observation_shape, config["hidden_size"], config["num_layers"])
-    chunks = None
-    if torso_threads > 1 and torso_splits_rows(config):
-        chunks = TorsoChunks(torso_threads)
+    chunks = TorsoChunks(torso_threads) if torso_threads > 1 else None
     model = Agent(
         torso,
         num_actions,
