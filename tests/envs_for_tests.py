@@ -5,6 +5,7 @@ Importing this module registers them; name them as ``tests.envs_for_tests:Id``.
 
 import os
 import signal
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -101,3 +102,26 @@ class CoinsEnv(OverflowRewardEnv):
 
 if "Coins-v0" not in gym.registry:
     gym.register("Coins-v0", entry_point=CoinsEnv)
+
+
+class SlowFromSeedEnv(OverflowRewardEnv):
+    """Like OverflowRewardEnv without the overflow; a step takes 20 ms in envs seeded 2 or
+    above. With --seed 0 and 2 envs per actor, actor 0's envs take seeds 0 and 1, so that
+    actor runs far ahead of the others."""
+
+    def __init__(self):
+        super().__init__(overflow_after=10**12)
+        self.step_seconds = 0.0
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.step_seconds = 0.02 if seed >= 2 else 0.0
+        return super().reset(seed=seed)
+
+    def step(self, action):
+        time.sleep(self.step_seconds)
+        return super().step(action)
+
+
+if "SlowFromSeed-v0" not in gym.registry:
+    gym.register("SlowFromSeed-v0", entry_point=SlowFromSeedEnv)

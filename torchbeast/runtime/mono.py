@@ -26,7 +26,6 @@ import contextlib
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
-import queue
 import threading
 from collections.abc import Iterator
 
@@ -41,6 +40,7 @@ from torchbeast.core.precision import bf16_on_cpu
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.layout import actor_niceness
 from torchbeast.runtime.mono_actor import ActorShared, actor_process
+from torchbeast.runtime.mono_batches import FullSlots
 from torchbeast.runtime.mono_inference import (
     CentralInference,
     InferenceFigures,
@@ -152,9 +152,9 @@ class ActorPool(Pool):
             self.inference = InferenceProcess(self.context, central, weights)
 
         self.free_slots: collections.deque[int] = collections.deque(range(num_buffers))
-        self.full_slots: queue.Queue[int] = queue.Queue()
-        self.slot_sources: dict[int, tuple[int, int]] = {}  # slot -> (actor, env) that filled it
+        self.full_slots = FullSlots(self.batch_size, num_actors * self.envs_per_actor)
         self.lock = threading.Lock()
+        self.slots_changed = threading.Condition(self.lock)  # full slots came, or an actor waits
         self.waiting: collections.deque[int] = collections.deque()  # actors needing slots
         self.held: dict[int, list[int]] = {}
         self.processes: dict[int, mp.process.BaseProcess] = {}
@@ -264,10 +264,10 @@ class ActorPool(Pool):
             if kind == "full":
                 self.held[actor_index] = []
                 for env_index, slot in enumerate(payload):
-                    self.slot_sources[slot] = (actor_index, env_index)
-                    self.full_slots.put(slot)
+                    self.full_slots.add(slot, (actor_index, env_index))
             self.waiting.append(actor_index)
             self._serve_waiting()
+            self.slots_changed.notify_all()
 
     def _replace_dead_actor(self, actor_index: int) -> None:
         process = self.processes[actor_index]
@@ -279,6 +279,7 @@ class ActorPool(Pool):
             self.free_slots.extend(self.held.pop(actor_index, []))
             if actor_index in self.waiting:
                 self.waiting.remove(actor_index)
+            self.slots_changed.notify_all()
         self.incarnations[actor_index] += 1
         if not self.restarts.record_death():
             self.fail(
@@ -314,17 +315,20 @@ class ActorPool(Pool):
         self,
     ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...], list[tuple[int, int]]] | None:
         """B full rollouts stacked to [T+1, B, ...], their initial core states and the
-        (actor, env) each came from; None when stopping."""
+        (actor, env) each came from; None when stopping. A batch holds each env at most
+        ⌈B / envs⌉ times while other envs' rollouts are on their way (``FullSlots``)."""
         slots: list[int] = []
-        with self.batch_lock:
-            while len(slots) < self.batch_size:
-                if self.stopping.is_set():
-                    self.release(slots)
-                    return None
-                try:
-                    slots.append(self.full_slots.get(timeout=0.1))
-                except queue.Empty:
-                    continue
+        sources: list[tuple[int, int]] = []
+        with self.batch_lock, self.slots_changed:
+            while len(slots) < self.batch_size and not self.stopping.is_set():
+                self.full_slots.take(slots, sources)
+                if len(slots) < self.batch_size and self._nothing_else_can_come():
+                    self.full_slots.take(slots, sources, any_env=True)
+                if len(slots) < self.batch_size:
+                    self.slots_changed.wait(timeout=0.1)
+        if len(slots) < self.batch_size:  # stopping
+            self.release(slots)
+            return None
         index = torch.tensor(slots)
         batch = {
             key: buffer.index_select(0, index).transpose(0, 1)
@@ -335,10 +339,14 @@ class ActorPool(Pool):
             s.index_select(0, index).transpose(0, 1).contiguous()
             for s in self.shared.initial_core_states
         )
-        with self.lock:
-            sources = [self.slot_sources[slot] for slot in slots]
         self.release(slots)
         return batch, core_state, sources
+
+    def _nothing_else_can_come(self) -> bool:
+        """Whether no actor holds slots and none can get them until a batch frees some
+        (lock held): the slots a batch set aside are then all it can take."""
+        running = any(self.held.values())
+        return not running and len(self.free_slots) < self.envs_per_actor
 
     def release(self, slots: list[int]) -> None:
         with self.lock:
