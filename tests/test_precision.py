@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.settings_for_tests import setup
+from torchbeast.config.flags import parse_flags
+from torchbeast.config.settings import build_settings
 from torchbeast.core import precision, weights
 from torchbeast.core.learner import Learner
 from torchbeast.core.models import create_model, model_config
@@ -39,6 +41,16 @@ def test_auto_is_bf16_for_conv_torsos_on_cpus_that_compute_it_natively(
 ):
     monkeypatch.setattr(precision, "cpu_computes_bf16", lambda: native)
     assert precision.compute_dtype(setting, device, torso) == expected
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_by_default_pong_computes_in_bf16_where_the_cpu_does_it_natively(monkeypatch, native):
+    monkeypatch.setattr(precision, "cpu_computes_bf16", lambda: native)
+    settings = build_settings(parse_flags(["--env", "PongNoFrameskip-v4"]))
+    dtype = precision.compute_dtype(settings.model.precision, "cpu", "atari")
+    assert dtype == (torch.bfloat16 if native else torch.float32)
+    fp32 = build_settings(parse_flags(["--env", "PongNoFrameskip-v4", "--precision", "fp32"]))
+    assert precision.compute_dtype(fp32.model.precision, "cpu", "atari") == torch.float32
 
 
 def test_the_log_line_says_the_dtype_and_why(monkeypatch):
