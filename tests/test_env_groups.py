@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from tests.test_monobeast import SMALL_RUN, monobeast
+from tests.test_monobeast import SMALL_RUN, monobeast, wait_for
 from torchbeast import envs
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.parsers import make_mono_parser
@@ -160,6 +160,8 @@ def test_groups_take_turns_and_write_each_envs_rollouts_to_its_slots(model):
             for env, slot in enumerate(index.tolist()):
                 columns[env].append({key: value[slot] for key, value in buffers.items()})
                 states[env].append(tuple(s[slot].clone() for s in core_states))
+        # The groups' asks for the next rollout's first actions may still be in the pipes.
+        wait_for(lambda: server.passes.sum() > ROLLOUTS * T, 10, "the last pass")
     finally:
         serving.stop()
         actor.close()
