@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import tempfile
 
 import pytest
 
+from tests.test_batches import SLOW_SECOND_ACTOR
 from tests.test_monobeast import (
     REPO,
     SMALL_RUN,
@@ -321,3 +323,61 @@ def test_sigterm_while_ray_starts_stops_the_run_and_its_ray_instance(tmp_path):
     assert output.strip().splitlines()[-1].startswith("stopped by SIGTERM"), output
     assert "Traceback" not in output
     wait_for(lambda: set(ray_daemon_pids()) <= before, 30, "Ray to stop")
+
+
+# The (actor, env) sources of a real RayBeast pool's first batches, one JSON line each.
+RAY_BATCHES = """
+import json, sys
+from torchbeast.config.flags import parse_flags
+from torchbeast.config.parsers import make_ray_parser
+from torchbeast.config.settings import build_settings
+from torchbeast.runtime.ray.prepare import prepare_environment
+settings = build_settings(parse_flags(sys.argv[2:], make_ray_parser()), "ray")
+prepare_environment(settings)  # before Ray is imported
+from torchbeast.runtime.ray import trainer
+with trainer.session(settings) as ray_trainer:
+    pool = ray_trainer.create_pool()
+    pool.start()
+    try:
+        for _ in range(int(sys.argv[1])):
+            got = pool.get_batch()
+            assert got is not None, pool.error
+            print(json.dumps(got[2]), flush=True)
+    finally:
+        pool.stop()
+"""
+
+
+def ray_batches(tmp_path, ray_cluster, count: int, *flags: str) -> list[list[tuple]]:
+    """The sorted (actor, env) sources of a real RayBeast pool's first ``count`` batches."""
+    argv = [
+        *SLOW_SECOND_ACTOR, *flags, "--ray_address", ray_cluster,
+        "--savedir", str(tmp_path), "--disable_checkpoint",
+    ]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", RAY_BATCHES, str(count), *argv],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [sorted(map(tuple, json.loads(line))) for line in done.stdout.splitlines()]
+
+
+def test_a_ray_actor_that_runs_ahead_does_not_fill_a_batch_alone(tmp_path, ray_cluster):
+    # Actor 1's steps take 20 ms, actor 0's none: in arrival order alone, actor 0 would
+    # deliver several rollouts for each of actor 1's, and fill batches alone.
+    batches = ray_batches(tmp_path, ray_cluster, 24, "--batch_size", "4")
+    assert len(batches) == 24
+    # While actor 1 starts, actor 0's rollouts are all there is.
+    first_with_both = next(i for i, sources in enumerate(batches) if (1, 0) in sources)
+    later = batches[first_with_both:]
+    assert len(later) >= 12
+    assert all(sources == [(0, 0), (0, 1), (1, 0), (1, 1)] for sources in later), later
+
+
+def test_with_fewer_ray_envs_than_the_batch_batches_keep_coming(tmp_path, ray_cluster):
+    # 3 envs (the third slow), B = 7: each env at most three times per batch, more than
+    # an actor's two tasks in flight deliver; actors are held back while ahead, and when
+    # every actor is held back, what waits must still fill a batch.
+    flags = ["--num_actors", "3", "--envs_per_actor", "1", "--batch_size", "7"]
+    batches = ray_batches(tmp_path, ray_cluster, 12, *flags)
+    assert len(batches) == 12 and all(len(sources) == 7 for sources in batches)

@@ -97,8 +97,7 @@ def test_polybeast_streams_write_the_rollout_layout(tmp_path):
         stopping.set()  # the stream ends on a full rollout: nothing partial to deliver
         answers.close()
         columns: list[list[dict]] = [[] for _ in range(E)]
-        while not queue.items.empty():
-            column, _, (_, env_index) = queue.items.get()
+        for (column, _, (_, env_index)), _ in queue.waiting.items:  # closed: read directly
             assert column.pop("mask").all()
             columns[env_index].append(column)
         assert [len(c) for c in columns] == [ROLLOUTS] * E

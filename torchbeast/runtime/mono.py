@@ -38,9 +38,9 @@ from torchbeast.core import rollout
 from torchbeast.core.models import create_model
 from torchbeast.core.precision import bf16_on_cpu
 from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime.batches import Arrivals, per_env_share
 from torchbeast.runtime.layout import actor_niceness
 from torchbeast.runtime.mono_actor import ActorShared, actor_process
-from torchbeast.runtime.mono_batches import FullSlots
 from torchbeast.runtime.mono_inference import (
     CentralInference,
     InferenceFigures,
@@ -152,7 +152,10 @@ class ActorPool(Pool):
             self.inference = InferenceProcess(self.context, central, weights)
 
         self.free_slots: collections.deque[int] = collections.deque(range(num_buffers))
-        self.full_slots = FullSlots(self.batch_size, num_actors * self.envs_per_actor)
+        # Full slots, each with the (actor, env) whose rollout it holds.
+        self.full_slots: Arrivals[int] = Arrivals(
+            per_env_share(self.batch_size, num_actors * self.envs_per_actor)
+        )
         self.lock = threading.Lock()
         self.slots_changed = threading.Condition(self.lock)  # full slots came, or an actor waits
         self.waiting: collections.deque[int] = collections.deque()  # actors needing slots
@@ -316,14 +319,14 @@ class ActorPool(Pool):
     ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...], list[tuple[int, int]]] | None:
         """B full rollouts stacked to [T+1, B, ...], their initial core states and the
         (actor, env) each came from; None when stopping. A batch holds each env at most
-        ⌈B / envs⌉ times while other envs' rollouts are on their way (``FullSlots``)."""
+        ⌈B / envs⌉ times while other envs' rollouts are on their way (``batches.Arrivals``)."""
         slots: list[int] = []
         sources: list[tuple[int, int]] = []
         with self.batch_lock, self.slots_changed:
             while len(slots) < self.batch_size and not self.stopping.is_set():
-                self.full_slots.take(slots, sources)
+                self.full_slots.take(slots, sources, self.batch_size)
                 if len(slots) < self.batch_size and self._nothing_else_can_come():
-                    self.full_slots.take(slots, sources, any_env=True)
+                    self.full_slots.take(slots, sources, self.batch_size, any_env=True)
                 if len(slots) < self.batch_size:
                     self.slots_changed.wait(timeout=0.1)
         if len(slots) < self.batch_size:  # stopping

@@ -5,7 +5,6 @@ backpressure up to the environments) that learner threads take B items at a time
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Sequence
 from typing import Generic, TypeVar
@@ -13,6 +12,7 @@ from typing import Generic, TypeVar
 import torch
 
 from torchbeast.core.rollout import stack_columns, stack_core_states
+from torchbeast.runtime.batches import Arrivals, Source
 
 In = TypeVar("In")
 
@@ -24,39 +24,55 @@ class Closed(RuntimeError):
 
 
 class RolloutQueue(Generic[In]):
-    """A bounded queue that learner threads drain ``batch_size`` items at a time."""
+    """A bounded queue that learner threads drain ``batch_size`` items at a time.
 
-    def __init__(self, maxsize: int, closed: threading.Event | None = None):
+    With ``per_env`` (``batches.per_env_share``), a batch takes each env's items at most
+    that many times while other envs' items can still come, and the oldest items whatever
+    their env once the queue is full (its producers then wait for the learner): see
+    ``batches``. Without, batches take items in arrival order."""
+
+    def __init__(
+        self, maxsize: int, closed: threading.Event | None = None, per_env: int | None = None
+    ):
         """``closed``: an event that closes the queue when set (default: its own)."""
-        self.items: queue.Queue[In] = queue.Queue(maxsize)
+        self.maxsize = maxsize
+        self.waiting: Arrivals[In] = Arrivals(per_env)
+        self.changed = threading.Condition()  # an item came, or a batch made room
         self.batch_lock = threading.Lock()  # one learner thread assembles a batch at a time
         self.closed = closed or threading.Event()
 
-    def put(self, item: In) -> None:
-        """Waits while the queue is full; raises ``Closed`` if it closes meanwhile."""
-        while not self.closed.is_set():
-            try:
-                self.items.put(item, timeout=POLL_S)
-                return
-            except queue.Full:
-                continue
+    def put(self, item: In, source: Source = None) -> None:
+        """Queues ``item`` from env ``source``; waits while the queue is full, and raises
+        ``Closed`` if it closes meanwhile."""
+        with self.changed:
+            while not self.closed.is_set():
+                if len(self.waiting) < self.maxsize:
+                    self.waiting.add(item, source)
+                    self.changed.notify_all()
+                    return
+                self.changed.wait(POLL_S)
         raise Closed("the learner queue is closed")
 
     def get_batch(self, batch_size: int) -> list[In] | None:
-        """``batch_size`` items in arrival order, or None once closed."""
-        with self.batch_lock:
+        """``batch_size`` items, each env's in arrival order, or None once closed."""
+        with self.batch_lock, self.changed:
             batch: list[In] = []
+            sources: list[Source] = []
             while len(batch) < batch_size:
                 if self.closed.is_set():
                     return None
-                try:
-                    batch.append(self.items.get(timeout=POLL_S))
-                except queue.Empty:
-                    continue
+                taken = self.waiting.take(batch, sources, batch_size)
+                if len(batch) < batch_size and len(self.waiting) >= self.maxsize:
+                    taken += self.waiting.take(batch, sources, batch_size, any_env=True)
+                if taken:
+                    self.changed.notify_all()  # room for the producers
+                if len(batch) < batch_size:
+                    self.changed.wait(POLL_S)
             return batch
 
     def qsize(self) -> int:
-        return self.items.qsize()
+        with self.changed:
+            return len(self.waiting)
 
     def close(self) -> None:
         self.closed.set()

@@ -1,6 +1,6 @@
 """The driver's side of RayBeast's actors: starts them, keeps TASKS_PER_ACTOR unroll tasks
-in flight per actor, restarts dead ones within a budget, and queues their rollouts for
-the learner."""
+in flight per actor (fewer while it runs ahead of the others), restarts dead ones within a
+budget, and queues their rollouts for the learner."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import ray
 
 from torchbeast.config.settings import Settings
 from torchbeast.core.spec import EnvSpec
+from torchbeast.runtime.batches import per_env_share
 from torchbeast.runtime.pool import Pool, actor_stage_totals
 from torchbeast.runtime.queues import Batch, Closed, RolloutQueue, stack_rollouts
 from torchbeast.runtime.ray.actors import RayWeights, RemoteRolloutActor
@@ -47,11 +48,19 @@ class RayActorPool(Pool):
         )
         self.batch_size = settings.learner.batch_size
         num_actors, self.envs_per_actor = settings.actors.num_actors, settings.actors.envs_per_actor
-        # Columns waiting for the learner; a full queue holds the collector back.
+        # Columns waiting for the learner; a full queue holds the collector back. A batch
+        # takes each env's at most ⌈B / envs⌉ times while others' can come (``batches``).
+        per_env = per_env_share(self.batch_size, num_actors * self.envs_per_actor)
         self.queue: RolloutQueue[tuple] = RolloutQueue(
-            2 * self.batch_size + self.envs_per_actor, closed=self.stopping
+            2 * self.batch_size + self.envs_per_actor, closed=self.stopping, per_env=per_env
         )
+        # An actor that runs ahead waits, as MonoBeast's wait for free slots: its next task
+        # is held back while more of its columns wait than a batch takes of them. (When
+        # every actor is held back, each env has more waiting than that: a batch fills.)
+        self.most_waiting = per_env * self.envs_per_actor
         self.lock = threading.Lock()
+        self.waiting_columns = [0] * num_actors  # in the queue, per actor
+        self.held_back = [0] * num_actors  # tasks not submitted while it is ahead
         self.actors: list = [None] * num_actors
         self.incarnations = [first_incarnation] * num_actors
         self.pending: dict[ray.ObjectRef, tuple[int, int]] = {}  # task -> (actor, incarnation)
@@ -145,7 +154,14 @@ class RayActorPool(Pool):
         self.timings += result["timings"]
         self._queue_columns(actor_index, result)
         if incarnation == self.incarnations[actor_index]:
-            self._submit(actor_index)
+            self._submit_unless_ahead(actor_index)
+
+    def _submit_unless_ahead(self, actor_index: int) -> None:
+        with self.lock:
+            if self.waiting_columns[actor_index] > self.most_waiting:
+                self.held_back[actor_index] += 1
+                return
+        self._submit(actor_index)
 
     def _queue_columns(self, actor_index: int, result: dict) -> None:
         """Queues each env's rollout as one column: numpy views into the object store."""
@@ -153,13 +169,17 @@ class RayActorPool(Pool):
         for env_index in range(self.envs_per_actor):
             column = {key: value[env_index] for key, value in arrays.items()}  # [T+1, ...]
             env_state = tuple(s[env_index][:, None] for s in core_state)  # [layers, 1, H]
-            self.queue.put((column, env_state, (actor_index, env_index)))
+            source = (actor_index, env_index)
+            with self.lock:
+                self.waiting_columns[actor_index] += 1
+            self.queue.put((column, env_state, source), source)
 
     def _replace_dead_actor(self, actor_index: int, incarnation: int, error: Exception) -> None:
         with self.lock:
             if incarnation != self.incarnations[actor_index] or self.stopping.is_set():
                 return  # its other task already reported the death
             self.incarnations[actor_index] += 1
+            self.held_back[actor_index] = 0  # the new actor starts with its own tasks
         if not self.restarts.record_death():
             self.fail(
                 f"actors keep dying: {self.restarts.deaths_text()} "
@@ -176,8 +196,24 @@ class RayActorPool(Pool):
     def get_batch(self) -> Batch | None:
         """B columns stacked to [T+1, B, ...], their core states [layers, B, H], sources."""
         items = self.queue.get_batch(self.batch_size)
+        if items is None:
+            return None
+        self._taken([source for _, _, source in items])
         # One copy, out of the object store into the batch.
-        return None if items is None else stack_rollouts(items)
+        return stack_rollouts(items)
+
+    def _taken(self, sources: list[tuple[int, int]]) -> None:
+        """Submits the tasks held back from actors that are no longer ahead."""
+        with self.lock:
+            for actor_index, _ in sources:
+                self.waiting_columns[actor_index] -= 1
+            resumed = []
+            for actor_index, count in enumerate(self.held_back):
+                if count and self.waiting_columns[actor_index] <= self.most_waiting:
+                    resumed += [actor_index] * count
+                    self.held_back[actor_index] = 0
+        for actor_index in resumed:
+            self._submit(actor_index)
 
     def stage_totals(self) -> dict[str, float]:
         """The Ray actors' CPU seconds: stepping envs, inference, and the rest."""
