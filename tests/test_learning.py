@@ -145,8 +145,14 @@ def test_polybeast_learns_pixel_cue(tmp_path):
     check_learned(run("torchbeast.polybeast", tmp_path, *args))
 
 
-def test_raybeast_learns_pixel_cue(tmp_path):
-    check_learned(run("torchbeast.raybeast", tmp_path, "--xpid", "run"))
+def test_raybeast_learns_pixel_cue_through_the_learning_check_command(tmp_path, capsys):
+    argv = ["pixelcue", "--runtime", "ray", "--savedir", str(tmp_path), "--disable_cuda"]
+    assert learncheck.main(argv) == 0
+    assert "pixelcue (ray): " in capsys.readouterr().out
+    run_dir = os.path.join(tmp_path, "learncheck-pixelcue-ray")
+    check_learned(run_dir)
+    with open(os.path.join(run_dir, "meta.json")) as f:
+        assert json.load(f)["command"][0].endswith("raybeast.py")  # trained by RayBeast
 
 
 def test_last_logged_step_reads_the_last_whole_row(tmp_path):

@@ -1,9 +1,10 @@
-"""Learning checks: short MonoBeast runs whose final score must land in a known band.
+"""Learning checks: short training runs whose final score must land in a known band.
 
 Usage::
 
     python -m torchbeast.learncheck                 # the default checks, 3-6 min on 2 cores
     python -m torchbeast.learncheck pixelcue cartpole pong-early
+    python -m torchbeast.learncheck --runtime ray cartpole cartpole-laser
 
 Each check trains with the default flags (PixelCue with flags of its own) on the layout
 of 2 cores (2 actors x 8 envs, so B=16: bigger machines grow the batch with their envs,
@@ -14,7 +15,9 @@ from the check's number of steps (the learning rate keeps the default schedule, 
 and prints one line per check. The exit code is 0 only if every check passed. Each run
 replaces the previous one in ``--savedir`` (``learncheck-NAME``) and stays there for
 ``python -m torchbeast.plot --diagnostics``. ``pong-early`` (~20 minutes) runs only when
-named.
+named. The bands were set with MonoBeast; ``--runtime ray`` or ``poly`` runs the same
+checks through another runtime (``learncheck-NAME-RUNTIME``), whose batches should learn
+as well.
 """
 
 from __future__ import annotations
@@ -50,11 +53,13 @@ class Check:
     # Score the best 100-episode mean the run reached (True), not that of its last episodes.
     best: bool = False
 
-    def command(self, savedir: str, xpid: str, extra_flags: tuple[str, ...] = ()) -> list[str]:
+    def command(
+        self, savedir: str, xpid: str, extra_flags: tuple[str, ...] = (), runtime: str = "mono"
+    ) -> list[str]:
         return [
             sys.executable,
             "-m",
-            "torchbeast.monobeast",
+            f"torchbeast.{runtime}beast",
             "--env",
             self.env,
             *([] if self.stop_early else ["--total_steps", str(self.steps)]),
@@ -173,7 +178,11 @@ def last_logged_step(logs_path: str) -> int:
 
 
 def train(
-    check: Check, savedir: str, xpid: str, extra_flags: tuple[str, ...] = ()
+    check: Check,
+    savedir: str,
+    xpid: str,
+    extra_flags: tuple[str, ...] = (),
+    runtime: str = "mono",
 ) -> tuple[int, str]:
     """Runs the check's training, stopping it (SIGTERM: a checkpoint, then exit 143) once
     it has learned from ``check.steps`` steps if ``check.stop_early``; returns the exit
@@ -181,7 +190,7 @@ def train(
     logs_path = os.path.join(savedir, xpid, "logs.csv")
     with tempfile.TemporaryFile("w+") as stderr:
         process = subprocess.Popen(
-            check.command(savedir, xpid, extra_flags),
+            check.command(savedir, xpid, extra_flags, runtime),
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             text=True,
@@ -206,14 +215,18 @@ def train(
 
 
 def run_check(
-    name: str, check: Check, savedir: str, extra_flags: tuple[str, ...] = ()
+    name: str,
+    check: Check,
+    savedir: str,
+    extra_flags: tuple[str, ...] = (),
+    runtime: str = "mono",
 ) -> tuple[bool, str]:
     """Trains the check's run and returns (passed, a line that says how it did)."""
-    xpid = f"learncheck-{name}"
+    xpid = f"learncheck-{name}" + ("" if runtime == "mono" else f"-{runtime}")
     # A run left from before would be resumed ("already trained") instead of checked.
     shutil.rmtree(os.path.join(savedir, xpid), ignore_errors=True)
     started = time.monotonic()
-    returncode, last_line = train(check, savedir, xpid, extra_flags)
+    returncode, last_line = train(check, savedir, xpid, extra_flags, runtime)
     minutes = (time.monotonic() - started) / 60
     if returncode != 0:
         return False, f"{name}: the run failed ({last_line})"
@@ -221,7 +234,8 @@ def run_check(
     score = best_mean_of_episodes(logs) if check.best else mean_of_last_episodes(logs)
     passed = bool(score >= check.band)
     return passed, (
-        f"{name}: {'best ' if check.best else ''}{score:.2f} >= {check.band:g}? "
+        f"{name}{'' if runtime == 'mono' else f' ({runtime})'}: "
+        f"{'best ' if check.best else ''}{score:.2f} >= {check.band:g}? "
         f"{'PASS' if passed else 'FAIL'} "
         f"({check.env}, {check.steps} steps, {minutes:.1f} min; measured before: "
         f"{check.measured})"
@@ -245,6 +259,12 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--savedir", default="~/logs/torchbeast", help="where the runs are kept (%(default)s)"
     )
+    parser.add_argument(
+        "--runtime",
+        choices=("mono", "poly", "ray"),
+        default="mono",
+        help="the runtime that trains (%(default)s; the bands were set with it)",
+    )
     return parser
 
 
@@ -257,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     savedir = os.path.expanduser(args.savedir)
     failures = 0
     for name in args.checks or DEFAULT_CHECKS:
-        passed, line = run_check(name, CHECKS[name], savedir, tuple(extra_flags))
+        passed, line = run_check(name, CHECKS[name], savedir, tuple(extra_flags), args.runtime)
         print(line, flush=True)
         failures += not passed
     return 1 if failures else 0
