@@ -18,15 +18,16 @@ import collections
 import importlib
 import sys
 
-actors_per_batch: collections.Counter[int] = collections.Counter()
-repeated_columns: collections.Counter[int] = collections.Counter()
-batch_actors: list[int] = []  # distinct actors of each batch, in order
+from torchbeast.runtime.registry import RUNTIMES
 
-# Each runtime: its entry point, and the pool whose get_batch hands the learner its batches.
-RUNTIMES = {
-    "mono": ("torchbeast.monobeast", "torchbeast.runtime.mono", "ActorPool"),
-    "poly": ("torchbeast.polybeast", "torchbeast.runtime.poly.learner_end", "PolyActorPool"),
-    "ray": ("torchbeast.raybeast", "torchbeast.runtime.ray.actor_pool", "RayActorPool"),
+batch_actors: list[int] = []  # distinct actors of each batch, in order
+repeated_columns: list[int] = []  # columns of each batch that repeat an env it holds
+
+# The pool whose get_batch hands each runtime's learner its batches.
+POOLS = {
+    "mono": ("torchbeast.runtime.mono", "ActorPool"),
+    "poly": ("torchbeast.runtime.poly.learner_end", "PolyActorPool"),
+    "ray": ("torchbeast.runtime.ray.actor_pool", "RayActorPool"),
 }
 
 
@@ -38,33 +39,33 @@ def count_batches(pool_class: type) -> None:
         got = get_batch(pool)
         if got is not None:
             sources = got[2]  # (actor or stream, env) of each column
-            actors_per_batch[len({actor for actor, _ in sources})] += 1
             batch_actors.append(len({actor for actor, _ in sources}))
-            repeated_columns[len(sources) - len(set(sources))] += 1
+            repeated_columns.append(len(sources) - len(set(sources)))
         return got
 
     pool_class.get_batch = counted_get_batch
 
 
-def shares(counter: collections.Counter[int]) -> str:
-    total = sum(counter.values()) or 1
+def shares(values: list[int]) -> str:
+    counter = collections.Counter(values)
+    total = len(values) or 1
     return ", ".join(f"{key}: {count / total:.1%}" for key, count in sorted(counter.items()))
 
 
 if __name__ == "__main__":  # not in the actors, which import this module as they spawn
     argv = sys.argv[1:]
-    runtime = argv.pop(0) if argv and argv[0] in RUNTIMES else "mono"
-    entry_module, pool_module, pool_name = RUNTIMES[runtime]
+    runtime = argv.pop(0) if argv and argv[0] in POOLS else "mono"
+    pool_module, pool_name = POOLS[runtime]
     if runtime == "ray":  # Ray reads these as it is imported: a Ray on this machine
         from torchbeast.runtime.ray.prepare import prepare_ray_environment
 
         prepare_ray_environment(None)
     count_batches(getattr(importlib.import_module(pool_module), pool_name))
     try:
-        code = importlib.import_module(entry_module).main(argv)
+        code = importlib.import_module(RUNTIMES[runtime].entry_point).main(argv)
     finally:
-        print(f"batches: {sum(actors_per_batch.values())}")
-        print(f"distinct actors per batch: {shares(actors_per_batch)}")
+        print(f"batches: {len(batch_actors)}")
+        print(f"distinct actors per batch: {shares(batch_actors)}")
         print(f"columns repeating an env of the same batch: {shares(repeated_columns)}")
         # Before every actor has delivered, a batch can only hold the ones that have.
         most = max(batch_actors, default=0)

@@ -108,7 +108,7 @@ class FakeSettings:
 
 
 def test_a_new_runtime_is_its_functions_and_one_registry_entry(monkeypatch):
-    from torchbeast import docs
+    from torchbeast import docs, learncheck
     from torchbeast.config.flags import parse_flags
     from torchbeast.config.parsers import make_bench_parser, make_runtime_parser
     from torchbeast.config.settings import build_settings
@@ -116,7 +116,7 @@ def test_a_new_runtime_is_its_functions_and_one_registry_entry(monkeypatch):
 
     fake = registry.Runtime(
         "fake", "FakeBeast", "tests.test_structure", "FakeBeast: a test's runtime.",
-        settings="tests.test_structure:FakeSettings",
+        entry_point="tests.fakebeast", settings="tests.test_structure:FakeSettings",
     )  # fmt: skip
     monkeypatch.setitem(registry.RUNTIMES, "fake", fake)
     parser = make_runtime_parser("fake")
@@ -128,3 +128,6 @@ def test_a_new_runtime_is_its_functions_and_one_registry_entry(monkeypatch):
     with pytest.raises(SystemExit):  # another runtime's own flag is refused
         parse_flags(["--runtime", "mono", "--fake_workers", "4"], bench)
     assert parse_flags(["--runtime", "fake", "--fake_workers", "4"], bench).fake_workers == 4
+    # The learning checks run it by its entry point.
+    command = learncheck.CHECKS["cartpole"].command("runs", "x", runtime="fake")
+    assert command[1:3] == ["-m", "tests.fakebeast"]

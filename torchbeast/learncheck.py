@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 from torchbeast.curves import last_episodes_mean, read_logs
+from torchbeast.runtime.registry import RUNTIMES
 
 POLL_S = 1.0
 # The layout the bands were set with, whatever the machine (a check's flags may change it).
@@ -59,7 +60,7 @@ class Check:
         return [
             sys.executable,
             "-m",
-            f"torchbeast.{runtime}beast",
+            RUNTIMES[runtime].entry_point,
             "--env",
             self.env,
             *([] if self.stop_early else ["--total_steps", str(self.steps)]),
@@ -261,7 +262,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--runtime",
-        choices=("mono", "poly", "ray"),
+        choices=list(RUNTIMES),
         default="mono",
         help="the runtime that trains (%(default)s; the bands were set with it)",
     )

@@ -56,12 +56,8 @@ from typing import Protocol
 from torchbeast.config.resolvers import default_layout
 from torchbeast.curves import read_logs, return_last_100_curve
 from torchbeast.runtime.processes import child_dies_with_parent
+from torchbeast.runtime.registry import RUNTIMES
 
-ENTRY_POINTS = {
-    "mono": "torchbeast.monobeast",
-    "poly": "torchbeast.polybeast",
-    "ray": "torchbeast.raybeast",
-}
 SPEC_NAME = "study.json"  # in the study's folder: what the study is, and its table
 TABLE_NAME = "study.csv"
 CELL_FLAGS = "study_flags.toml"  # in a cell's folder: the flags it trains with
@@ -154,7 +150,7 @@ class Cell:
     def job(self) -> CellJob:
         return CellJob(
             name=self.name,
-            module=ENTRY_POINTS[self.study.runtime],
+            module=RUNTIMES[self.study.runtime].entry_point,
             savedir=str(self.study.folder),
             eval_words=tuple(flag_words(self.study.eval_flags)),
             cpus=self.study.resources.cpus,
@@ -300,8 +296,8 @@ def read_study(path: str) -> Study:
     if not isinstance(random_policy, bool):
         raise StudyError(f"{path}: random_policy must be true or false")
     runtime = table.get("runtime", "mono")
-    if runtime not in ENTRY_POINTS:
-        raise StudyError(f"{path}: runtime {runtime!r}: use one of {', '.join(ENTRY_POINTS)}")
+    if runtime not in RUNTIMES:
+        raise StudyError(f"{path}: runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
     axes = {name.replace("-", "_"): values for name, values in table.get("axes", {}).items()}
     for name, values in axes.items():
         if not isinstance(values, list) or not values:

@@ -41,6 +41,7 @@ class Runtime:
     title: str  # what people call it
     module: str  # imported on first use: it may need settings made before (Ray)
     description: str  # its parser's
+    entry_point: str  # the module a user runs: python -m ENTRY_POINT
     # "module:Class" of the runtime's own settings (Settings.runtime), a frozen dataclass
     # whose fields declare its flags; and "module:function" (parser) that adds what its
     # flags derive (resolvers, other defaults). Torch-free.
@@ -81,6 +82,7 @@ RUNTIMES = {
             "MonoBeast",
             "torchbeast.runtime.mono",
             "MonoBeast: IMPALA on one machine, actors in processes.",
+            entry_point="torchbeast.monobeast",
             settings="torchbeast.runtime.mono_settings:MonoSettings",
             adjust_parser="torchbeast.runtime.mono_settings:adjust_parser",
             shared_memory_buffers=True,
@@ -90,6 +92,7 @@ RUNTIMES = {
             "PolyBeast",
             "torchbeast.runtime.poly.trainer",
             "PolyBeast learner: IMPALA with environments as gRPC peers.",
+            entry_point="torchbeast.polybeast",
             settings="torchbeast.config.poly:PolySettings",
             adjust_parser="torchbeast.config.poly_flags:adjust_learner_parser",
             flags_table="torchbeast.config.reference:poly_reference",
@@ -100,6 +103,7 @@ RUNTIMES = {
             "RayBeast",
             "torchbeast.runtime.ray.trainer",
             "RayBeast: IMPALA with Ray actors, on one machine or a Ray cluster.",
+            entry_point="torchbeast.raybeast",
             settings="torchbeast.runtime.ray.settings:RaySettings",
             prepare="torchbeast.runtime.ray.prepare:prepare_environment",
         ),
