@@ -24,9 +24,12 @@
 #     OUT=/tmp/visit PONG_FLAGS="..." bash scripts/gpu_visit.sh [SECONDS]   # from the root
 #
 # SECONDS (default 550) bounds the whole visit. Wheels in .whl/ (gymnasium, ale-py,
-# farama-notifications) are installed first where the machine lacks them. SMALL=1 shrinks
-# every run, to try the script on a machine without a GPU. Earlier visits' logs:
-# docs/runs/gpu_h200_visit*.log, docs/runs/gpu_h100_visit4.log.
+# farama-notifications) are installed first where the machine lacks them; fetch them here
+# for the device's Python (3.12; it has no network) and carry .whl with the call:
+#     python -m pip download --dest .whl --only-binary=:all: --no-deps --python-version 3.12 \
+#         --platform manylinux_2_28_x86_64 gymnasium==1.4.0 ale-py==0.12.1 farama-notifications
+# SMALL=1 shrinks every run, to try the script on a machine without a GPU. Earlier
+# visits' logs: docs/runs/gpu_h200_visit*.log, docs/runs/gpu_h100_visit4.log.
 set -u
 started=$(date +%s)
 budget=${1:-550}
