@@ -6,6 +6,7 @@ stopped and continued (SIGSTOP, SIGCONT) in 20 ms cycles until it exits.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -22,7 +23,8 @@ if __name__ == "__main__":
             time.sleep(PERIOD_S * share)
             os.kill(pid, signal.SIGSTOP)
             time.sleep(PERIOD_S * (1 - share))
-    except ProcessLookupError:
-        pass
     except KeyboardInterrupt:
-        os.kill(pid, signal.SIGCONT)  # never leave it stopped
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)  # never leave it stopped
+    except ProcessLookupError:
+        pass  # it exited
