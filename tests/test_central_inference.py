@@ -258,6 +258,34 @@ def test_a_server_that_cannot_start_says_why_in_one_line():
     assert not server.process.is_alive()
 
 
+def test_an_actor_that_lost_its_server_blames_the_server_not_itself():
+    """The run's dispatcher asks ``gone()`` when an actor fails: while the server serves,
+    the actor's own error stands (None); once it died, its death is the cause."""
+    config = dict(LSTM, use_lstm=False)
+    learner_model = create_model(config, SPEC.observation_shape, SPEC.num_actions)
+    central = CentralInference(
+        slots=InferenceSlots.allocate(SPEC, learner_model, 1, 2),
+        figures=InferenceFigures.allocate(1),
+        config=config,
+        env_spec=SPEC,
+        device="cpu",
+        compute_dtype=torch.float32,
+        seed=1,
+    )
+    weights = SharedWeights(learner_model)
+    weights.publish(learner_model)
+    server = InferenceProcess(multiprocessing.get_context("spawn"), central, weights)
+    try:
+        assert server.start() is None
+        assert server.gone() is None
+        os.kill(server.process.pid, signal.SIGKILL)
+        assert server.gone() == (
+            "the central inference process died (exit code -9); see out.log, and check memory"
+        )
+    finally:
+        server.stop()
+
+
 def test_an_lstm_trains_with_central_inference(tmp_path):
     args = [*SMALL_RUN, "--central_inference", "--use_lstm", "--total_steps", "1000"]
     result = monobeast(tmp_path, *args, "--xpid", "run")

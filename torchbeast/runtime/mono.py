@@ -242,7 +242,10 @@ class ActorPool(Pool):
                 with self.lock:
                     by_conn = {conn: index for index, conn in self.conns.items()}
                 inference = [] if self.inference is None else [self.inference.control]
-                for conn in mp.connection.wait([*by_conn, *inference], timeout=0.1):
+                ready = mp.connection.wait([*inference, *by_conn], timeout=0.1)
+                # The inference process first: when it dies, its actors fail too, and its
+                # death is what the run reports.
+                for conn in sorted(ready, key=lambda conn: conn in by_conn):
                     if conn in by_conn:
                         self._handle(by_conn[conn], conn)
                     else:  # the inference process: a line for the log, or why it stopped
@@ -261,7 +264,11 @@ class ActorPool(Pool):
             return
         if kind == "error":
             log.error("Actor %d failed:\n%s", actor_index, payload)
-            self.fail(f"actor {actor_index} failed: {last_line(payload)} (traceback in out.log)")
+            # An actor whose central inference died fails on its pipe: say the cause.
+            cause = None if self.inference is None else self.inference.gone()
+            self.fail(
+                cause or f"actor {actor_index} failed: {last_line(payload)} (traceback in out.log)"
+            )
             return
         with self.lock:
             if kind == "full":

@@ -488,6 +488,20 @@ class InferenceProcess:
             return f"central inference failed: {last_line(payload)} (traceback in out.log)"
         return None
 
+    def gone(self) -> str | None:
+        """Why the process stopped, if it has (given a moment to finish an exit under way),
+        else None: an actor that lost its pipe to it reports the cause, not its own error."""
+        if not self.started:
+            return None
+        self.process.join(0.5)
+        if self.process.is_alive():
+            return None
+        while self.control.poll():  # what it sent before it stopped: an error, or the end
+            failure = self.read_failure()
+            if failure is not None:
+                return failure
+        return self.death()
+
     def death(self) -> str:
         self.process.join(1.0)
         if self.process.is_alive():
