@@ -231,10 +231,8 @@ def test_inference_runs_in_a_process_of_its_own_and_its_death_ends_the_run(tmp_p
     wait_for(lambda: not any(alive(pid) for pid in children), 10, "the actors to exit")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_a_server_that_cannot_start_says_why_in_one_line():
-    """Its process builds the model on the learner's device; where that fails (here: a
-    CUDA device on a machine without one), starting it gives the error's last line."""
+def one_actor_central(device: str) -> tuple[torch.nn.Module, CentralInference]:
+    """A feed-forward learner model and central inference for one actor of 2 envs."""
     config = dict(LSTM, use_lstm=False)
     learner_model = create_model(config, SPEC.observation_shape, SPEC.num_actions)
     central = CentralInference(
@@ -242,10 +240,18 @@ def test_a_server_that_cannot_start_says_why_in_one_line():
         figures=InferenceFigures.allocate(1),
         config=config,
         env_spec=SPEC,
-        device="cuda:0",
+        device=device,
         compute_dtype=torch.float32,
         seed=1,
     )
+    return learner_model, central
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_server_that_cannot_start_says_why_in_one_line():
+    """Its process builds the model on the learner's device; where that fails (here: a
+    CUDA device on a machine without one), starting it gives the error's last line."""
+    learner_model, central = one_actor_central("cuda:0")
     server = InferenceProcess(
         multiprocessing.get_context("spawn"), central, SharedWeights(learner_model)
     )
@@ -261,17 +267,7 @@ def test_a_server_that_cannot_start_says_why_in_one_line():
 def test_an_actor_that_lost_its_server_blames_the_server_not_itself():
     """The run's dispatcher asks ``gone()`` when an actor fails: while the server serves,
     the actor's own error stands (None); once it died, its death is the cause."""
-    config = dict(LSTM, use_lstm=False)
-    learner_model = create_model(config, SPEC.observation_shape, SPEC.num_actions)
-    central = CentralInference(
-        slots=InferenceSlots.allocate(SPEC, learner_model, 1, 2),
-        figures=InferenceFigures.allocate(1),
-        config=config,
-        env_spec=SPEC,
-        device="cpu",
-        compute_dtype=torch.float32,
-        seed=1,
-    )
+    learner_model, central = one_actor_central("cpu")
     weights = SharedWeights(learner_model)
     weights.publish(learner_model)
     server = InferenceProcess(multiprocessing.get_context("spawn"), central, weights)
