@@ -7,9 +7,8 @@ import sys
 from collections.abc import Callable
 
 import gymnasium as gym
-import torch
 
-from torchbeast import evaluation, video
+from torchbeast import video
 from torchbeast.config.flags import parse_flags_and_sources
 from torchbeast.config.settings import Settings, build_settings
 from torchbeast.core.errors import UserError
@@ -23,6 +22,8 @@ USER_ERRORS = (UserError, gym.error.DependencyNotInstalled)
 
 def report_errors(body: Callable[[], object]) -> int:
     """Runs ``body``; an error the user can fix is one line on stderr and exit code 1."""
+    import torch  # here, not above: --help and a mistyped flag answer without it (~1 s)
+
     try:
         body()
     except USER_ERRORS as error:
@@ -74,6 +75,8 @@ def run(
         setup_console_logging(settings.run.suppress_logs)
         with sigterm_handled():  # a scheduler's SIGTERM while the run starts unwinds it
             return report_errors(lambda: train(settings))
+    from torchbeast import evaluation  # imports torch, which the modes above do not need
+
     if mode == "eval":
         return report_errors(lambda: evaluation.evaluate(settings))
     return report_errors(lambda: evaluation.test(settings, render=mode == "test_render"))
