@@ -88,6 +88,20 @@ def test_the_edge_builds_settings_without_torch():
     assert result.stdout.strip() == "False"
 
 
+@pytest.mark.parametrize("entry", ["monobeast", "polybeast", "polybeast_learner", "raybeast"])
+@pytest.mark.parametrize("argv", [["--help"], ["--lerning_rate", "0.1"]], ids=["help", "typo"])
+def test_help_and_a_mistyped_flag_are_answered_without_loading_torch(entry, argv):
+    # Importing PyTorch costs about a second; a user who asks for help should not wait for it.
+    code = (
+        f"import sys, torchbeast.{entry} as entry\n"
+        f"try:\n    entry.main({argv!r})\nexcept SystemExit as stop:\n"
+        "    print('exit', stop.code, 'torch' in sys.modules, file=sys.stderr)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    exit_code = 0 if argv == ["--help"] else 2
+    assert result.stderr.strip().splitlines()[-1] == f"exit {exit_code} False", result.stderr
+
+
 def test_every_runtimes_pool_is_a_pool():
     from torchbeast.runtime.mono import ActorPool
     from torchbeast.runtime.poly.learner_end import PolyActorPool
