@@ -7,6 +7,7 @@ training goes on (or that the learner stops with one line) and that nothing save
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import os
 import queue
@@ -46,6 +47,7 @@ from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
 from torchbeast.runtime.poly.batching import Failed
 from torchbeast.runtime.poly.learner_end import PolyActorPool
+from torchbeast.runtime.poly.stream_limits import StreamClosed
 
 PONG = EnvSpec("PongNoFrameskip-v4", (4, 84, 84), np.dtype("uint8"), 6)
 
@@ -88,6 +90,10 @@ def playing_stream(
     return None
 
 
+# Every sign pattern of the largest float32: each overflows some weights' sums.
+HUGE_FRAMES = [[3.4e38 * (1 - 2 * (i >> bit & 1)) for bit in range(4)] for i in range(16)]
+
+
 def cartpole_step(observation, reward: float = 0.0) -> pb.EnvMessage:
     message = step_of(np.asarray(observation, np.float32).reshape(1, 4))
     message.step.reward[0] = reward
@@ -97,12 +103,23 @@ def cartpole_step(observation, reward: float = 0.0) -> pb.EnvMessage:
 # --------------------------------------------------------------------------- 1. extreme values
 
 
-def test_inference_rows_that_come_out_non_finite_fail_only_their_own_stream(tmp_path):
-    flags = parse_flags([*LEARNER], make_learner_parser(""))
-    settings = build_settings(flags, "poly")
+def attached_pool(tmp_path, *flags: str) -> PolyActorPool:
+    """A CartPole learner's pool in this process, its model attached: streams can be served
+    through ``serve_env`` without a network, and inference asked directly."""
+    settings = build_settings(parse_flags([*LEARNER, *flags], make_learner_parser("")), "poly")
     pool = PolyActorPool(settings, spec=CARTPOLE)
     config = model_config(settings.model, CARTPOLE.observation_shape)
     pool.attach(create_model(config, (4,), 2), config, str(tmp_path))
+    return pool
+
+
+def serve(pool: PolyActorPool, messages: list[pb.EnvMessage]) -> int:
+    """Plays ``messages`` on one stream through the pool; returns the actions it answered."""
+    return sum(1 for _action in pool.serve_env(iter(messages), cancel=lambda: None))
+
+
+def test_inference_rows_that_come_out_non_finite_fail_only_their_own_stream(tmp_path):
+    pool = attached_pool(tmp_path)
 
     def request(observation: list[float]):
         inputs = dict(
@@ -124,6 +141,51 @@ def test_inference_rows_that_come_out_non_finite_fail_only_their_own_stream(tmp_
         outputs, _ = result
         assert outputs["action"].shape == (1,) and 0 <= int(outputs["action"][0]) < 2
         assert torch.isfinite(outputs["policy_logits"]).all()
+
+
+def test_a_stream_whose_frame_breaks_inference_gives_the_learner_nothing(tmp_path):
+    # Its partial rollout would hold that frame: the batch it joined would be dropped for a
+    # non-finite loss, with the other streams' rollouts in it.
+    torch.manual_seed(0)  # a model whose outputs the frames below overflow
+    pool = attached_pool(tmp_path)
+    frames = [[0.1] * 4, [0.2] * 4, *HUGE_FRAMES]
+    try:
+        with pytest.raises(StreamClosed, match="non-finite outputs"):
+            serve(pool, [codec.hello("huge", CARTPOLE), *map(cartpole_step, frames)])
+        assert pool.queue.qsize() == 0
+        assert not pool.watch.streams
+    finally:
+        pool.stop()
+
+
+def test_a_stream_that_ends_right_after_a_whole_rollout_logs_its_episode_as_left(tmp_path):
+    pool = attached_pool(tmp_path)  # --unroll_length 20
+    steps = [cartpole_step([0.1] * 4) for _ in range(21)]  # the first frame, then 20 steps
+    for t, message in enumerate(steps):
+        message.step.episode_step[0], message.step.episode_return[0] = t, 0.5 * t
+    try:
+        assert serve(pool, [codec.hello("whole", CARTPOLE), *steps]) == 21
+        assert pool.queue.qsize() == 1  # the whole rollout, and no empty one after it
+    finally:
+        pool.stop()
+    with open(tmp_path / "episodes.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["client_id"], r["episode_return"], r["episode_step"], r["end"]) for r in rows] == [
+        ("whole", "10.0", "20", "disconnect")
+    ]
+
+
+def test_streams_closed_before_their_hello_leave_nothing_behind(tmp_path, sockets):
+    pool = attached_pool(tmp_path, "--serve", f"unix:{sockets}/learner")
+    pool.listen()
+    try:
+        with grpc.insecure_channel(f"unix:{sockets}/learner") as channel:
+            stub = pb_grpc.LearnerStub(channel)
+            for _ in range(20):
+                assert list(stub.ConnectEnv(iter([]), timeout=30)) == []
+        assert not pool.watch.streams  # each held its call and context for good
+    finally:
+        pool.stop()
 
 
 def test_a_learner_told_nothing_takes_the_first_hello_and_says_so(tmp_path, processes, sockets):
@@ -351,10 +413,8 @@ def pong_learner(tmp_path_factory):
 
 
 def test_finite_but_huge_observations_cost_their_stream_not_the_run(cartpole_run):
-    # Every sign pattern of the largest float32: each overflows some weights' sums.
-    patterns = [[3.4e38 * (1 - 2 * (i >> bit & 1)) for bit in range(4)] for i in range(16)]
     error = playing_stream(
-        cartpole_run.address, CARTPOLE, lambda t: cartpole_step(patterns[t % 16]), 200, "huge"
+        cartpole_run.address, CARTPOLE, lambda t: cartpole_step(HUGE_FRAMES[t % 16]), 200, "huge"
     )
     assert error is not None, "the learner never closed the stream"
     # Closed at inference (ABORTED) or, if its outputs stayed finite, when its rollout

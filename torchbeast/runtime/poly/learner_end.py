@@ -235,16 +235,19 @@ class PolyActorPool(Pool):
 
         ``cancel`` ends the stream's RPC (the watchdog's way to close it)."""
         stream = self.watch.open(cancel)
+        said_hello = False
         try:
             messages = self.watch.messages(incoming, stream)
             first = next(messages, None)
-            if first is None:
-                return
-            client_id, spec, num_envs = codec.read_hello(first)
-            self.run_spec.register(client_id, spec)
-        except BaseException:
-            self.watch.forget(stream)
-            raise
+            if first is not None:
+                client_id, spec, num_envs = codec.read_hello(first)
+                self.run_spec.register(client_id, spec)
+                said_hello = True
+        finally:
+            if not said_hello:  # refused, or closed before its Hello: the watch lets go
+                self.watch.forget(stream)
+        if not said_hello:
+            return
         stream.client_id = client_id
         with self.lock:
             self.connected[client_id] += 1

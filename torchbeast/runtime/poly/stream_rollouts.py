@@ -21,7 +21,7 @@ from torchbeast.runtime.poly import codec
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly.episodes_log import EpisodeLog, client_id_of
 from torchbeast.runtime.poly.inference import StreamInference
-from torchbeast.runtime.poly.stream_limits import Stream, StreamMemory
+from torchbeast.runtime.poly.stream_limits import Stream, StreamClosed, StreamMemory
 from torchbeast.runtime.queues import Closed, RolloutQueue
 
 log = logging.getLogger("torchbeast")
@@ -93,7 +93,13 @@ class StreamRollouts:
         try:
             while True:
                 env_inputs = {key: buffers[key][t : t + 1] for key in rollout.ENV_KEYS}
-                agent_output, core_state = self.inference.compute((env_inputs, core_state))
+                try:
+                    agent_output, core_state = self.inference.compute((env_inputs, core_state))
+                except StreamClosed:
+                    # Its last frame broke inference: the rollout that holds it would make
+                    # the loss of the batch it joins non-finite, and cost others theirs.
+                    stream.discard = True
+                    raise
                 actions = agent_output["action"]  # [E]
                 yield pb.Action(action=actions.tolist())
                 message = next(incoming, None)
@@ -119,15 +125,19 @@ class StreamRollouts:
         finally:  # also when the peer went away (grpc.RpcError): a disconnect
             if not self.stopping.is_set():
                 log.info("Stream %s ended %d steps into a rollout.", client_id, t)
-            if t > 0 and not self.stopping.is_set() and not stream.discard:
-                # What the stream sent is still learned from: partial rollouts.
-                for env in np.flatnonzero(~arrays["episode_end"][t]):
+            if not self.stopping.is_set() and not stream.discard:
+                # Each env's episode under way ends here, also right after a whole rollout
+                # (t = 0); one that has not begun (no step yet) is no episode.
+                under_way = ~arrays["episode_end"][t] & (arrays["episode_step"][t] > 0)
+                for env in np.flatnonzero(under_way):
                     self.episodes.write(
                         client_id_of(client_id, env, num_envs),
                         float(arrays["episode_return"][t, env]),
                         int(arrays["episode_step"][t, env]),
                         "disconnect",
                     )
+            if t > 0 and not self.stopping.is_set() and not stream.discard:
+                # What the stream sent is still learned from: partial rollouts.
                 try:
                     self._deliver(stream.serial, buffers, t, initial_core_state)
                 except Closed:
