@@ -347,6 +347,48 @@ def nested(depth: int) -> bytes:
     return length_delimited(2, step)  # EnvMessage.step
 
 
+class FailingEnvServer(pb_grpc.EnvServerServicer):
+    """An env server that fails each stream it is dialled on with the next of ``codes``,
+    then with the last of them."""
+
+    def __init__(self, codes: list[grpc.StatusCode]):
+        self.codes = codes
+
+    def StreamEnv(self, request_iterator, context):  # noqa: N802 (gRPC's name)
+        code = self.codes.pop(0) if len(self.codes) > 1 else self.codes[0]
+        context.abort(code, f"failed with {code.name}")
+
+
+def test_a_learner_redialling_a_failing_env_server_logs_each_new_reason(tmp_path, sockets, caplog):
+    from concurrent import futures
+
+    from torchbeast.runtime.poly.dialling import dial
+
+    address = f"unix:{sockets}/env"
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    codes = [grpc.StatusCode.INTERNAL] * 2 + [grpc.StatusCode.DATA_LOSS] * 2
+    pb_grpc.add_EnvServerServicer_to_server(FailingEnvServer(codes), server)
+    server.add_insecure_port(address)
+    server.start()
+    pool = attached_pool(tmp_path)
+    channel = grpc.insecure_channel(address)
+    dialling = threading.Thread(target=dial, args=(pool, address, channel, ()))
+    try:
+        with caplog.at_level("INFO", logger="torchbeast"):
+            dialling.start()
+            wait_for(lambda: "DATA_LOSS" in caplog.text, 30, "the second reason in the log")
+    finally:
+        pool.stop()
+        dialling.join(timeout=30)
+        channel.close()
+        server.stop(grace=None)
+    said = [r.getMessage() for r in caplog.records if "redialling" in r.getMessage()]
+    assert said == [
+        f"Env server {address}: INTERNAL; redialling.",
+        f"Env server {address}: DATA_LOSS; redialling.",
+    ]
+
+
 # --------------------------------------------------------------------------- shared learners
 # Hostile streams take turns at one long-running learner per module (starting one costs
 # seconds); each test then checks that it still trains.

@@ -407,6 +407,26 @@ def test_a_learner_listening_beyond_this_machine_needs_a_token(tmp_path):
     assert len(lines) == 1 and "without a token" in lines[0], result.stderr
 
 
+def test_a_token_without_tls_beyond_this_machine_is_a_warning_at_both_ends(caplog, monkeypatch):
+    from torchbeast.config.poly import NetworkSettings
+    from torchbeast.runtime.poly import network
+
+    monkeypatch.delenv("TORCHBEAST_AUTH_TOKEN", raising=False)
+    settings = NetworkSettings(auth_token="s3cret")
+    anywhere, local = f"0.0.0.0:{free_port()}", f"127.0.0.1:{free_port()}"
+    with caplog.at_level("WARNING", logger="torchbeast"):
+        for address in (anywhere, local):
+            server, _port = network.create_server(settings, address, max_streams=2)
+            server.stop(grace=None)
+        for address in ("192.0.2.1:4431", local):  # a channel dials only when used
+            network.create_channel(settings, address).close()
+    clear = "the auth token and all traffic cross the network in the clear; add"
+    assert [record.getMessage() for record in caplog.records] == [
+        f"Listening on {anywhere} without TLS: {clear} --tls_cert and --tls_key to encrypt them.",
+        f"Dialling 192.0.2.1:4431 without TLS: {clear} --tls_ca to encrypt them.",
+    ]
+
+
 def test_a_learner_without_the_env_servers_token_stops_with_one_line(tmp_path, processes, sockets):
     address = ["--num_servers", "1", "--pipes_basename", f"unix:{sockets}/env"]
     processes(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import time
 
 import grpc
 
@@ -20,6 +21,8 @@ from torchbeast.runtime.queues import Closed
 log = logging.getLogger("torchbeast")
 
 MAX_BACKOFF_S = 5.0
+# A stream that served this long was a working one: its end starts the backoff afresh.
+HEALTHY_STREAM_S = MAX_BACKOFF_S
 
 
 def dial(
@@ -28,6 +31,7 @@ def dial(
     """Keeps one of ``pool``'s streams open to the env server at ``address``, over
     ``channel`` (the pool's to close), sending ``metadata`` with each call (the token)."""
     backoff = 0.1
+    said = None  # the failure last logged: each new reason is logged once
     stream_env = channel.stream_stream(
         "/torchbeast.polybeast.EnvServer/StreamEnv",
         request_serializer=pb.Action.SerializeToString,
@@ -39,8 +43,10 @@ def dial(
         requests: queue.Queue[pb.Action | None] = queue.Queue()  # None: half-close
         # wait_for_ready: a server that is not up (yet, or again) is waited for.
         call = stream_env(iter(requests.get, None), metadata=metadata, wait_for_ready=True)
+        first_action = None
         try:
             for action in pool.serve_env(call, call.cancel):
+                first_action = first_action or time.monotonic()
                 requests.put(action)
             reason = "it closed the stream"
         except grpc.RpcError as error:
@@ -62,8 +68,11 @@ def dial(
             call.cancel()
         if pool.stopping.is_set():
             return
-        if backoff == 0.1:
+        if first_action is not None and time.monotonic() - first_action >= HEALTHY_STREAM_S:
+            backoff, said = 0.1, None  # it worked: this is a new failure, not the same one
+        if reason != said:
             log.warning("Env server %s: %s; redialling.", address, reason)
+            said = reason
         elif attempt % 20 == 0:
             log.info("Still redialling env server %s.", address)
         if pool.stopping.wait(backoff):

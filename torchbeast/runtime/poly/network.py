@@ -82,6 +82,12 @@ class TokenInterceptor(grpc.ServerInterceptor):
         context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid auth token is required")
 
 
+def in_the_clear(settings: NetworkSettings, tls_flags: str) -> str:
+    """What crosses the network unencrypted without TLS, and the flags that encrypt it."""
+    what = "the auth token and all traffic" if auth_token(settings) else "all traffic"
+    return f"{what} cross the network in the clear; add {tls_flags} to encrypt them."
+
+
 def create_server(
     settings: NetworkSettings, address: str, max_streams: int
 ) -> tuple[grpc.Server, int]:
@@ -110,6 +116,12 @@ def create_server(
     )
     if bool(settings.tls_cert) != bool(settings.tls_key):
         raise NetworkError("TLS needs both --tls_cert and --tls_key")
+    if not settings.tls_cert and not is_local_address(address):
+        log.warning(
+            "Listening on %s without TLS: %s",
+            address,
+            in_the_clear(settings, "--tls_cert and --tls_key"),
+        )
     try:
         if settings.tls_cert:
             credentials = grpc.ssl_server_credentials(
@@ -136,8 +148,8 @@ def create_channel(settings: NetworkSettings, address: str) -> grpc.Channel:
         *RECONNECT_OPTIONS,
     ]
     if not settings.tls_ca:
-        if not is_local_address(address) and not auth_token(settings):
-            log.warning("Dialling %s without TLS or a token: traffic is in the clear.", address)
+        if not is_local_address(address):
+            log.warning("Dialling %s without TLS: %s", address, in_the_clear(settings, "--tls_ca"))
         return grpc.insecure_channel(address, options=options)
     credentials = grpc.ssl_channel_credentials(
         root_certificates=_read(settings.tls_ca, "--tls_ca"),
