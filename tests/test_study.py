@@ -39,6 +39,12 @@ def write_study(tmp_path, axes: str, name: str = "grid") -> str:
     return str(path)
 
 
+def edit_study(path: str, old: str, new: str) -> None:
+    text = open(path).read()
+    assert old in text
+    open(path, "w").write(text.replace(old, new))
+
+
 def study_command(path: str) -> list[str]:
     return [sys.executable, "-m", "torchbeast.study", path, "--parallel", "1"]
 
@@ -282,3 +288,82 @@ def test_an_axis_of_named_flag_sets_gives_each_cell_all_of_its_flags(tmp_path):
     unnamed = write_study(tmp_path, "reward = [{ move_penalty = -1.0 }]", name="unnamed")
     with pytest.raises(StudyError, match="a set of flags needs a name"):
         read_study(unnamed)
+
+
+def test_a_study_folder_expands_environment_variables_as_its_runs_savedir_does(
+    tmp_path, monkeypatch
+):
+    from torchbeast.study import read_study
+
+    monkeypatch.setenv("STUDY_ROOT", str(tmp_path / "root"))
+    path = write_study(tmp_path, "seed = [1]")
+    edit_study(path, str(tmp_path / "runs"), "$STUDY_ROOT/logs")
+    assert read_study(path).folder == tmp_path / "root" / "logs" / "grid"
+
+
+def test_a_cell_without_num_actors_gets_the_actors_of_its_cpus_and_keeps_its_envs(tmp_path):
+    from torchbeast.study import read_study
+
+    path = write_study(tmp_path, "envs_per_actor = [4, 16]\n[resources]\ncpus = 6")
+    edit_study(path, "num_actors = 1\nenvs_per_actor = 2\n", "")
+    cells = read_study(path).cells()
+    layouts = [(cell.flags()["num_actors"], cell.flags()["envs_per_actor"]) for cell in cells]
+    assert layouts == [(3, 4), (3, 16)]  # half of 6 cores, whatever this machine has
+
+
+@pytest.mark.parametrize(
+    "axes, clash",
+    [
+        ("seed = [1, 2, 1]", "the cells seed = 1 and seed = 1 would share the folder seed-1"),
+        (
+            'reward = [{ name = "fuel 5" }, { name = "fuel_5" }]',
+            "the cells reward = 'fuel 5' and reward = 'fuel_5' would share the folder "
+            "reward-fuel_5",
+        ),
+        (
+            'reward = [{ name = "a", seed = 1 }, { name = "a", seed = 2 }]',
+            "the cells reward = 'a' and reward = 'a' would share the folder reward-a",
+        ),
+    ],
+)
+def test_a_grid_with_two_cells_of_one_folder_name_is_refused_in_one_line(tmp_path, axes, clash):
+    from torchbeast.study import StudyError, read_study
+
+    path = write_study(tmp_path, axes)
+    with pytest.raises(StudyError) as refused:
+        read_study(path)
+    assert str(refused.value).startswith(f"{path}: {clash}: give each axis distinct values")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_cell_name_is_an_ascii_folder_name_as_xpid_takes(tmp_path):
+    from torchbeast.study import read_study
+
+    study = read_study(write_study(tmp_path, 'reward = [{ name = "café" }, { name = "π" }]'))
+    assert [cell.name for cell in study.cells()] == ["reward-caf_", "reward-_"]
+
+
+def test_a_savedir_under_a_regular_file_is_one_error_line(tmp_path):
+    path = write_study(tmp_path, "seed = [1]")
+    (tmp_path / "file").write_text("not a folder")
+    edit_study(path, str(tmp_path / "runs"), str(tmp_path / "file"))
+    done = run_study(path)
+    assert done.returncode == 1
+    folder = tmp_path / "file" / "grid"
+    assert done.stderr == f"error: [Errno 20] Not a directory: '{folder}'\n"
+
+
+def test_a_cell_whose_folder_cannot_be_written_fails_and_the_others_go_on(tmp_path):
+    from torchbeast.study import claim_folder, read_study, write_table
+
+    path = write_study(tmp_path, "seed = [1, 2]")
+    study = read_study(path)
+    claim_folder(study)
+    write_table(study, study.cells())
+    for cell in study.cells():  # a file where each cell's folder would be
+        cell.folder.write_text("not a folder")
+    done = run_study(path)
+    assert f"seed-1: failed ([Errno 17] File exists: '{study.folder / 'seed-1'}')" in done.stdout
+    assert "seed-2: failed ([Errno 17] File exists" in done.stdout
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: 2 of 2 cells failed: seed-1, seed-2 ")

@@ -83,3 +83,39 @@ def test_the_game_score_of_cells_without_a_proxy_is_their_true_return(tmp_path):
     assert cells[0]["eval_true_return"] == 2000.0 and "eval_return" not in cells[0]
     assert cells[0]["random_true_return"] == 1600.0
     assert study_plot.returns_measured(cells) == ["true_return", "proxy_return"]
+
+
+def test_a_figure_no_finished_cell_has_is_refused_in_one_line_naming_the_valid_ones(
+    tmp_path, capsys
+):
+    write_study_folder(tmp_path, [row(64, 1.0, 1, 10.0), row(256, 0.0, 1, 5.0)])
+    table = ["--table", "hidden_size", "fuel_multiplier", "--figure", "eval_tru_return"]
+    assert study_plot.main([str(tmp_path), *table]) == 1
+    valid = "parameters, eval_proxy_return, eval_true_return, random_true_return"
+    assert capsys.readouterr().err == (
+        "error: --figure eval_tru_return: no finished cell has a number in it: "
+        f"use one of {valid}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "figure, column, values",
+    [
+        ("eval_return", "eval_true_return", "2000 | 1750"),  # the score cells' is renamed
+        ("eval_true_return_per_step", "eval_true_return_per_step", "2 | 1.5"),
+    ],
+)
+def test_a_table_of_a_study_with_proxies_shows_the_score_cells_under_each_return_name(
+    tmp_path, capsys, figure, column, values
+):
+    score = {"cell": "reward-score", "reward": "score", "seed": 1, "status": "finished"}
+    score |= {"eval_return": 2000.0, "eval_return_per_step": 2.0}
+    proxy = {"cell": "reward-fuel5", "reward": "fuel5", "seed": 1, "status": "finished"}
+    proxy |= {"eval_true_return": 1750.0, "eval_true_return_per_step": 1.5}
+    study = {"runtime": "mono", "flags": {}, "eval": {}}
+    study["axes"] = {"reward": ["score", "fuel5"], "seed": [1]}
+    (tmp_path / "study.json").write_text(json.dumps({"study": study, "cells": [score, proxy]}))
+    assert study_plot.main([str(tmp_path), "--table", "seed", "reward", "--figure", figure]) == 0
+    head, _, line = capsys.readouterr().out.splitlines()
+    assert head.startswith(f"| {column}: seed \\ reward |")
+    assert line == f"| 1 | {values} |"

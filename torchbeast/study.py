@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from torchbeast.config.resolvers import default_layout
+from torchbeast.config.resolvers import default_layout, expand_savedir
 from torchbeast.curves import read_logs, return_last_100_curve
 from torchbeast.runtime.processes import child_dies_with_parent
 from torchbeast.runtime.registry import RUNTIMES
@@ -89,8 +89,10 @@ class Study:
 
     @property
     def folder(self) -> Path:
+        """savedir/<name>, savedir as a run resolves its --savedir (~ and $VARS): the
+        folder its cells train in."""
         savedir = str(self.flags.get("savedir", "~/logs/torchbeast"))
-        return Path(savedir).expanduser() / self.name
+        return Path(expand_savedir(savedir)) / self.name
 
     def spec(self) -> dict:
         """What makes the study itself, as its folder records it."""
@@ -124,9 +126,9 @@ class Cell:
 
     @property
     def name(self) -> str:
-        """The cell's folder name (its xpid): "hidden_size-64_seed-1"."""
+        """The cell's folder name (its xpid, ASCII as --xpid takes): "hidden_size-64_seed-1"."""
         parts = [f"{axis}-{value}" for axis, value in self.labels.items()]
-        return re.sub(r"[^\w.\-]+", "_", "_".join(parts)) or "cell"
+        return re.sub(r"[^\w.\-]+", "_", "_".join(parts), flags=re.ASCII) or "cell"
 
     @property
     def folder(self) -> Path:
@@ -134,17 +136,17 @@ class Cell:
 
     def flags(self) -> dict[str, object]:
         """The flags the cell trains with: the study's, then its axes' values; where
-        neither sets the layout, the layout a run chooses for the cell's CPUs (not for
-        every core of the machine or node it lands on)."""
+        neither sets num_actors, the actors a run chooses for the cell's CPUs (not for
+        every core of the machine or node it lands on), with their envs unless set."""
         flags = {k: v for k, v in self.study.flags.items() if k not in ("savedir", "xpid")}
         for axis, value in self.values.items():
             if isinstance(value, dict):  # a named set of flags
                 flags |= {k: v for k, v in value.items() if k != "name"}
             else:
                 flags[axis] = value
-        if "num_actors" not in flags and "envs_per_actor" not in flags:
+        if "num_actors" not in flags:
             actors, envs = default_layout(self.study.resources.cpus)
-            flags |= {"num_actors": actors, "envs_per_actor": envs}
+            flags |= {"num_actors": actors, "envs_per_actor": flags.get("envs_per_actor", envs)}
         return flags
 
     def job(self) -> CellJob:
@@ -317,7 +319,27 @@ def read_study(path: str) -> Study:
     if not re.fullmatch(r"[\w.\-]+", str(name)):
         raise StudyError(f"{path}: name {name!r} must be a folder name (letters, digits, . _ -)")
     resources = read_resources(path, table)
-    return Study(str(name), runtime, flags, axes, eval_flags, resources, random_policy)
+    study = Study(str(name), runtime, flags, axes, eval_flags, resources, random_policy)
+    refuse_shared_folders(path, study.cells())
+    return study
+
+
+def refuse_shared_folders(path: str, cells: list[Cell]) -> None:
+    """Two cells of one name would share a folder (one skipped as finished, or both
+    training into the same files): a repeated value, or values of one folder name."""
+    seen: dict[str, Cell] = {}
+    for cell in cells:
+        if cell.name in seen:
+            first, second = (
+                ", ".join(f"{axis} = {value!r}" for axis, value in each.labels.items())
+                for each in (seen[cell.name], cell)
+            )
+            raise StudyError(
+                f"{path}: the cells {first} and {second} would share the folder {cell.name}: "
+                "give each axis distinct values (and each set of flags its own name) that "
+                "differ in letters or digits"
+            )
+        seen[cell.name] = cell
 
 
 def read_resources(path: str, table: dict) -> Resources:
@@ -454,9 +476,14 @@ class Runner:
         if cell.finished():
             self.say(f"{cell.name}: finished before, skipped")
             return
-        cell.write_flags()
-        self.say(f"{cell.name}: {self.executor.starting}")
-        state = self.executor.run(cell)
+        try:
+            cell.write_flags()
+            self.say(f"{cell.name}: {self.executor.starting}")
+            state = self.executor.run(cell)
+        except OSError as error:  # its folder unwritable (a full disk): it fails, not the rest
+            state = {**cell.state(), "status": "failed", "error": str(error)}
+            with contextlib.suppress(OSError):  # the same error again: the line below says it
+                write_state(cell.folder, state)
         if state is None:
             return  # stopped, not failed: the same command goes on with it
         where = f" on {state['node']}" if "node" in state else ""
@@ -577,34 +604,41 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, raise_interrupt)  # a scheduler's stop, as Ctrl-C's
-    cells: list[Cell] = []  # once the study's folder is claimed
+def run_study(args: argparse.Namespace) -> tuple[Study, list[dict]]:
+    """Runs the study the command line names; the study and its table's rows. The table
+    is written as each cell ends, and when the study is stopped (KeyboardInterrupt)."""
+    study = read_study(args.study)
+    if args.parallel is not None and args.ray_address is not None:
+        raise StudyError(
+            "--parallel is for this machine; on a Ray cluster (--ray_address) "
+            "Ray runs as many cells as its nodes have [resources] for"
+        )
+    if args.parallel is not None and args.parallel < 1:
+        raise StudyError(f"--parallel must be at least 1, got {args.parallel}")
+    claim_folder(study)
+    cells = study.cells()
     try:
-        study = read_study(args.study)
-        if args.parallel is not None and args.ray_address is not None:
-            raise StudyError(
-                "--parallel is for this machine; on a Ray cluster (--ray_address) "
-                "Ray runs as many cells as its nodes have [resources] for"
-            )
-        if args.parallel is not None and args.parallel < 1:
-            raise StudyError(f"--parallel must be at least 1, got {args.parallel}")
-        claim_folder(study)
-        cells = study.cells()
         with executor_for(study, args, len(cells)) as executor:
             write_table(study, cells)  # the folder says what it holds from the start
             print(f"Study {study.name}: {len(cells)} cells, {executor.where}, in {study.folder}")
             Runner(executor, lambda: write_table(study, cells)).run(cells)
-    except StudyError as error:
+    except KeyboardInterrupt:
+        write_table(study, cells)
+        raise
+    return study, write_table(study, cells)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, raise_interrupt)  # a scheduler's stop, as Ctrl-C's
+    try:
+        study, rows = run_study(args)
+    except (StudyError, OSError) as error:  # OSError: e.g. savedir under a file, a full disk
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        if cells:
-            write_table(study, cells)
         print("stopped: run the same command to go on; finished cells are kept", file=sys.stderr)
         return 130
-    rows = write_table(study, cells)
     failed = [row["cell"] for row in rows if row["status"] != "finished"]
     print(f"Table: {study.folder / TABLE_NAME} ({len(rows)} cells)")
     if failed:

@@ -64,13 +64,28 @@ def with_true_returns(rows: list[dict]) -> list[dict]:
         return rows
     renamed = []
     for row in rows:
-        row = dict(row)
-        for prefix in ("eval_", "random_"):
-            if f"{prefix}return" in row and f"{prefix}true_return" not in row:
-                for suffix in ("", "_std"):
-                    row[f"{prefix}true_return{suffix}"] = row.pop(f"{prefix}return{suffix}", None)
-        renamed.append(row)
+        prefixes = tuple(
+            prefix
+            for prefix in ("eval_", "random_")
+            if f"{prefix}return" in row and f"{prefix}true_return" not in row
+        )
+        renamed.append(
+            {
+                true_return_column(column) if column.startswith(prefixes) else column: value
+                for column, value in row.items()
+            }
+        )
     return renamed
+
+
+def true_return_column(column: str) -> str:
+    """The name ``with_true_returns`` gives a column of the env's own return
+    (eval_return_per_step: eval_true_return_per_step); any other column's own."""
+    for prefix in ("eval_", "random_"):
+        measured = column.removeprefix(prefix)
+        if measured != column and (measured == "return" or measured.startswith("return_")):
+            return f"{prefix}true_{measured}"
+    return column
 
 
 def returns_measured(rows: list[dict]) -> list[str]:
@@ -214,6 +229,28 @@ def heatmap(study: dict, table: np.ndarray, down: str, across: str, figure: str,
     return out
 
 
+def table_figure(study: dict, rows: list[dict], figure: str | None) -> str:
+    """The column ``--figure`` names (``default_figure`` without one), as the rows name it
+    (``with_true_returns``'s names too); StudyError where no finished cell has a number in
+    it, listing the columns that have."""
+    finished = [row for row in rows if row.get("status") == "finished"]
+    if not finished:
+        raise StudyError("no cell of the study has finished yet: nothing to tabulate")
+    figure = figure or default_figure(finished)
+    numbers = dict.fromkeys(
+        column
+        for row in finished
+        for column, value in row.items()
+        if column not in study["axes"] and math.isfinite(number(value))
+    )
+    for column in (figure, true_return_column(figure)):
+        if column in numbers:
+            return column
+    raise StudyError(
+        f"--figure {figure}: no finished cell has a number in it: use one of {', '.join(numbers)}"
+    )
+
+
 def default_figure(rows: list[dict]) -> str:
     """The true return where the evaluation measured one, else the return."""
     measured = returns_measured(rows)
@@ -250,8 +287,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--figure",
         default=None,
-        help="the table's column, e.g. eval_true_return, eval_proxy_return, "
-        "train_return_last_100 (default: the true return where measured, else the return)",
+        help="the table's column (a number in study.csv), e.g. eval_true_return, "
+        "eval_proxy_return, train_return_last_100 (default: the true return where "
+        "measured, else the return)",
     )
     parser.add_argument("--heatmap", default=None, metavar="FILE.png", help="draw the table")
     return parser
@@ -269,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{axis} is not an axis of the study: its axes are "
                         f"{', '.join(study['axes'])}"
                     )
-            figure = args.figure or default_figure(rows)
+            figure = table_figure(study, rows, args.figure)
             table = pivot(study, rows, down, across, figure)
             print(markdown_table(study, table, down, across, figure))
             if args.heatmap:

@@ -116,7 +116,12 @@ def resolve_run_folder(
         parser.error(
             f"--xpid {xpid!r} is not a plain folder name: use letters, digits and . _ - = + only"
         )
-    return dict(savedir=os.path.expanduser(os.path.expandvars(flags.savedir)), xpid=xpid)
+    return dict(savedir=expand_savedir(flags.savedir), xpid=xpid)
+
+
+def expand_savedir(savedir: str) -> str:
+    """--savedir as runs and studies use it: ~ and $VARS expanded."""
+    return os.path.expanduser(os.path.expandvars(savedir))
 
 
 def resolve_seed(
