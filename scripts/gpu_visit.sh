@@ -60,9 +60,9 @@ if [ "${SMALL:-0}" = 1 ]; then
 fi
 
 # 1. The CUDA tests (skipped where there is no CUDA).
-echo "== $(elapsed) s: the CUDA tests of the update graph and central inference"
+echo "== $(elapsed) s: the CUDA tests of the update graph, central inference and resuming"
 $PY -m pytest -q -p no:cacheprovider tests/test_update_graph.py tests/test_central_inference.py \
-    tests/test_inference_graph.py -k "cuda or graph" 2>&1 | tail -6
+    tests/test_inference_graph.py tests/test_resume.py -k "cuda or graph" 2>&1 | tail -6
 
 # Scaling rows at the machine's layouts (one run each).
 table() {  # NAME LAYOUTS, then flags for every row of it

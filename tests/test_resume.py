@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.test_monobeast import (
@@ -19,6 +20,7 @@ from tests.test_monobeast import (
     STOPPED_BY_SIGTERM,
     actor_pids,
     alive,
+    monobeast,
     read_rows,
     wait_for,
     wait_for_rows,
@@ -182,3 +184,16 @@ def test_sigterm_while_a_learner_waits_for_its_first_environment_stops_it(
     assert lines[-1].startswith("stopped by SIGTERM before training began; nothing was lost")
     assert "Traceback" not in text(learner_log)
     assert not os.path.exists(tmp_path / "r" / "model.tar")  # nothing to save, none written
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_run_resumes_from_its_checkpoint(tmp_path):
+    # The checkpoint is loaded onto the learner's device, random states too, which
+    # PyTorch takes from the CPU only: resuming on a GPU once failed with a traceback.
+    on_cuda = [flag for flag in SMALL_RUN if flag != "--disable_cuda"]
+    first = monobeast(tmp_path, *on_cuda, "--total_steps", "2000", "--xpid", "run")
+    assert first.returncode == 0, first.stderr
+    assert "learner on cuda" in first.stdout
+    second = monobeast(tmp_path, *on_cuda, "--total_steps", "4000", "--xpid", "run")
+    assert second.returncode == 0, second.stderr
+    assert "Resuming from" in second.stdout

@@ -236,7 +236,9 @@ def random_state() -> dict[str, object]:
 
 def restore_random_state(state: dict) -> None:
     """Goes on with the checkpoint's random generators where they fit this process (a
-    checkpoint of a CUDA run resumed on the CPU keeps only the CPU's)."""
+    checkpoint of a CUDA run resumed on the CPU keeps only the CPU's). The states may
+    arrive on the learner's device (the checkpoint is loaded there); PyTorch takes them
+    only from the CPU."""
     generator = state.get("torch")
     current = torch.get_rng_state()
     if (
@@ -244,11 +246,11 @@ def restore_random_state(state: dict) -> None:
         and generator.dtype == current.dtype
         and generator.shape == current.shape
     ):
-        torch.set_rng_state(generator)
+        torch.set_rng_state(generator.cpu())
     devices = state.get("cuda")
     if (
         isinstance(devices, list)
         and torch.cuda.is_available()
         and len(devices) == torch.cuda.device_count()
     ):
-        torch.cuda.set_rng_state_all(devices)
+        torch.cuda.set_rng_state_all([device_state.cpu() for device_state in devices])
