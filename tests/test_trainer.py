@@ -279,6 +279,19 @@ def test_a_laser_run_that_saves_no_replay_says_the_resumed_one_starts_empty(tmp_
     )
 
 
+def test_a_laser_run_resumed_with_no_replay_to_save_starts_empty(tmp_path):
+    InProcessTrainer(make_flags(tmp_path, *LASER, "--total_steps", "400")).train()
+    assert (tmp_path / "run" / "replay.tar").exists()  # the first start's, now stale
+    off = ["--replay_checkpoint_gib", "0"]
+    resumed = InProcessTrainer(make_flags(tmp_path, *LASER, *off, "--total_steps", "800"))
+    assert resumed.checkpoint.resume_if_possible(resumed.device)
+    assert resumed.replay.transitions == 0
+    assert resumed.checkpoint.replay_line == (
+        "LASER's replay starts empty (on-policy batches until it holds --learn_start): "
+        "--replay_checkpoint_gib 0."
+    )
+
+
 def test_a_damaged_replay_file_is_said_and_the_run_goes_on_with_an_empty_replay(tmp_path):
     InProcessTrainer(make_flags(tmp_path, *LASER, "--total_steps", "400")).train()
     (tmp_path / "run" / "replay.tar").write_bytes(b"\x1b[2Jnot a replay\n" * 1000)

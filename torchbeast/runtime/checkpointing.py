@@ -153,6 +153,8 @@ class RunCheckpoint:
         what it holds, or why it starts empty (the replay is worth keeping, not worth
         stopping a run for)."""
         empty = "LASER's replay starts empty (on-policy batches until it holds --learn_start)"
+        if self.settings.replay.replay_checkpoint_gib == 0:  # a file there is an older start's
+            return f"{empty}: --replay_checkpoint_gib 0."
         if not os.path.exists(self.replay_path):
             return f"{empty}: no {REPLAY_FILE_NAME} beside the checkpoint."
         spec = rollout_spec(self.env_spec, self.settings.learner.unroll_length)
