@@ -403,6 +403,28 @@ def test_the_env_list_shows_what_each_family_can_train_and_why_not(plugin_path):
     assert "Lists the environment ids" in listing("--help")
 
 
+@pytest.mark.parametrize(
+    "env_id, name, value, flag, default",
+    [
+        ("CartPole-v1", "fuel_multiplier", 2.0, "--fuel_multiplier 2.0", None),
+        ("MinAtar/Breakout-v1", "no_fire_on_life_loss", True, "--no_fire_on_life_loss", False),
+    ],
+)
+def test_a_flag_of_another_family_is_one_line_not_silently_ignored(
+    env_id, name, value, flag, default
+):
+    # A Riverraid proxy on CartPole would have trained on CartPole's own reward.
+    from torchbeast.envs import EnvError, EnvSettings
+
+    with pytest.raises(EnvError) as refused:
+        create_env(EnvSettings(env_id, options={name: value}))
+    assert str(refused.value) == (
+        f"{flag} is a flag of the Atari family (ale-py's Atari games, DeepMind "
+        f"preprocessing); {env_id} is not one of its envs: leave it out"
+    )
+    create_env(EnvSettings(env_id, options={name: default})).close()  # its default: fine
+
+
 def test_test_and_eval_take_the_env_and_model_from_the_checkpoint_not_the_presets(tmp_path):
     trained = monobeast(
         tmp_path, "--env", "MinAtar/Breakout-v1", "--no_presets", "--total_steps", "400",

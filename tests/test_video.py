@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from PIL import Image
 
 from tests.test_monobeast import monobeast
 from torchbeast import video
+from torchbeast.envs import EnvError, create_env
 
 TRAIN = ["--num_actors", "1", "--envs_per_actor", "2", "--batch_size", "2"]
 TRAIN += ["--unroll_length", "20", "--total_steps", "80", "--disable_cuda", "--xpid", "run"]
@@ -54,6 +56,53 @@ def test_video_is_refused_in_one_line_where_it_cannot_be_written(tmp_path):
     tested = monobeast(tmp_path, "--env", "CartPole-v1", "--mode", "test", "--video", "x.mp4")
     assert tested.returncode == 2
     assert "--video x.mp4 must end in .gif" in tested.stderr
+
+
+def test_an_env_that_cannot_draw_itself_is_refused_in_one_line(tmp_path):
+    # PixelCue declares no render mode; before, --video ended in a TypeError's traceback.
+    for mode in (["--mode", "test", "--video", "cue.gif"], ["--mode", "test_render"]):
+        played = monobeast(
+            tmp_path, "--env", "torchbeast/PixelCue-v0", "--random_policy", "--xpid", "cue", *mode
+        )
+        assert played.returncode == 1, played.stderr
+        assert played.stderr.strip().splitlines() == [
+            "error: torchbeast/PixelCue-v0 cannot draw itself (its render modes are []): "
+            "--video and --mode test_render need an env that renders; play it with --mode "
+            "test or eval without them"
+        ]
+    assert not (tmp_path / "cue.gif").exists()
+
+
+class DrawsNothing(gym.Env):
+    """Says it renders rgb_array, and returns None."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+    observation_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, render_mode: str | None = None):
+        self.render_mode = render_mode
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, True, False, {}
+
+    def render(self):
+        return None
+
+
+def test_an_env_whose_render_returns_nothing_is_one_error_not_a_crash():
+    gym.register("tests/DrawsNothing-v0", entry_point=DrawsNothing)
+    env = create_env("tests/DrawsNothing-v0", render="rgb_array")
+    try:
+        env.reset(seed=0)
+        with pytest.raises(EnvError, match=r"^tests/DrawsNothing-v0 cannot draw itself \(its"):
+            env.frame()
+    finally:
+        env.close()
 
 
 def test_small_pictures_are_scaled_up_in_blocks_and_floats_become_bytes():

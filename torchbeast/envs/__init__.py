@@ -22,7 +22,7 @@ from __future__ import annotations
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs.atari import make_single_atari
 from torchbeast.envs.batched import BatchedEnv
-from torchbeast.envs.family import EnvFamily, Preset, families, family_of
+from torchbeast.envs.family import EnvFamily, Preset, check_foreign_flags, families, family_of
 from torchbeast.envs.registry import EnvError, gym_spec
 from torchbeast.envs.settings import EnvSettings
 
@@ -74,6 +74,7 @@ def create_env(
     if isinstance(settings, str):
         settings = EnvSettings(settings)
     family = family_of(settings.env)
+    check_foreign_flags(settings, family)
     family.check(settings)
     return family.make(settings, num_envs, num_threads, render)
 

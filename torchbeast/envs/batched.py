@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 
 from torchbeast.core.spec import ACCEPTED_DTYPES, EnvSpec
-from torchbeast.envs.registry import EnvError
+from torchbeast.envs.registry import EnvError, cannot_draw
 
 SUPPORTED_OBSERVATION_DTYPES = tuple(np.dtype(name) for name in ACCEPTED_DTYPES)
 
@@ -142,7 +142,10 @@ class BatchedEnv:
     def frame(self) -> np.ndarray:
         """The first env's picture as the env draws it (made with render "rgb_array"):
         e.g. Atari's 210x160 RGB screen, not the 84x84 input the agent sees."""
-        return np.asarray(self.env.render()[0])
+        pictures = self.env.render()
+        if pictures is None or pictures[0] is None:
+            raise EnvError(cannot_draw(self.spec.env_id, "its render() returned nothing"))
+        return np.asarray(pictures[0])
 
     def close(self) -> None:
         self.env.close()

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import gymnasium as gym
 
-from torchbeast.envs.registry import EnvError, gym_spec
+from torchbeast.envs.registry import EnvError, cannot_draw, gym_spec
 
 if TYPE_CHECKING:
     from torchbeast.envs.batched import BatchedEnv
@@ -100,10 +100,18 @@ class EnvFamily:
 
         env_id = settings.env
         make_kwargs = {"render_mode": render} if render else {}
-        vector_env = gym.vector.SyncVectorEnv(
-            [lambda: gym.make(env_id, **make_kwargs)] * num_envs,
-            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-        )
+        offered = declared_render_modes(env_id)
+        if render and offered is not None and render not in offered:
+            raise EnvError(cannot_draw(env_id, f"its render modes are {list(offered)}"))
+        try:
+            vector_env = gym.vector.SyncVectorEnv(
+                [lambda: gym.make(env_id, **make_kwargs)] * num_envs,
+                autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+            )
+        except TypeError as error:
+            if render and "render_mode" in str(error):
+                raise EnvError(cannot_draw(env_id, "it takes no render_mode")) from None
+            raise
         return BatchedEnv(vector_env, env_id, track_lives=False)
 
     def reward_description(self, settings: EnvSettings) -> str | None:
@@ -181,6 +189,32 @@ def family_of(env_id: str) -> EnvFamily:
         if family.takes(env_id, spec):
             return family
     raise EnvError(f"no environment family takes {env_id!r}")  # the generic one takes all
+
+
+def declared_render_modes(env_id: str) -> list[str] | None:
+    """The render modes ``env_id``'s class declares in its metadata (as Gymnasium reads
+    them), or None where it declares none."""
+    creator = gym_spec(env_id).entry_point
+    if isinstance(creator, str):
+        creator = gym.envs.registration.load_env_creator(creator)
+    metadata = getattr(creator, "metadata", None)  # a class declares it; a function may not
+    return metadata.get("render_modes") if isinstance(metadata, Mapping) else None
+
+
+def check_foreign_flags(settings: EnvSettings, family: EnvFamily) -> None:
+    """EnvError where ``settings`` set a flag that another family declares and
+    ``settings.env``'s own does not: it would be silently ignored (a Riverraid proxy on
+    CartPole trains on CartPole's reward)."""
+    for other in families():
+        if other is family or other.options is None:
+            continue
+        for field in dataclasses.fields(other.options):
+            value = settings.option(field.name, field.default)
+            if field.name not in family.flag_names and value != field.default:
+                raise EnvError(
+                    f"{flag_text(field.name, value)} is a flag of the {other.name} family "
+                    f"({other.summary}); {settings.env} is not one of its envs: leave it out"
+                )
 
 
 def flag_text(name: str, value: object) -> str:

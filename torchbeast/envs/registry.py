@@ -62,3 +62,11 @@ def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
         raise EnvError(
             f"unknown environment id {env_id!r} ({error}); {hint}{LIST_IDS_HINT}"
         ) from None
+
+
+def cannot_draw(env_id: str, why: str) -> str:
+    """The line that refuses --video or --mode test_render for ``env_id``."""
+    return (
+        f"{env_id} cannot draw itself ({why}): --video and --mode test_render need an env "
+        "that renders; play it with --mode test or eval without them"
+    )
