@@ -112,6 +112,32 @@ def breakout_game():
         env.close()
 
 
+@pytest.mark.parametrize("render", [None, "rgb_array"], ids=["vector-env", "python-wrappers"])
+def test_each_episode_starts_its_frame_stack_with_its_first_frame(render):
+    # As the original's FrameStack, reset at every new game and every lost life: the stack
+    # holds no blank padding and no frame of the life before, in the 3 steps after either.
+    env = create_env("BreakoutNoFrameskip-v4", render=render)
+    try:
+        stacks = [env.reset(seed=0)["frame"][0]]
+        starts = [0]  # the steps where an episode (a game or a life) begins
+        for t, actions in enumerate(itertools.islice(random_actions(env), MAX_STEPS), 1):
+            output = env.step(actions)
+            stacks.append(output["frame"][0])
+            if output["done"][0]:
+                starts.append(t)
+            if output["episode_end"][0]:
+                break
+    finally:
+        env.close()
+    assert len(starts) == 6  # the reset, 4 lost lives, the last (a new game)
+    for start in starts:
+        first = stacks[start][-1]
+        for since in range(min(4, len(stacks) - start)):
+            stack = stacks[start + since]
+            assert all((stack[k] == first).all() for k in range(4 - since)), (start, since)
+    assert any((stack[0] != stack[-1]).any() for stack in stacks)  # frames do differ
+
+
 def test_breakout_lost_life_is_done_but_not_the_end_of_the_game(breakout_game):
     life_losses = [out for out in breakout_game if out["done"][0] and not out["episode_end"][0]]
     # Breakout starts with 5 lives: 4 are lost before the game-ending fifth.

@@ -213,6 +213,7 @@ class AtariFamily(EnvFamily):
             env_id,
             track_lives=True,
             fire_action=fire_action(env_id) if fire_on_life_loss else None,
+            frame_stack=True,
         )
 
     def reward_description(self, settings: EnvSettings) -> str | None:

@@ -42,8 +42,15 @@ class BatchedEnv:
         env_id: str,
         track_lives: bool,
         fire_action: int | None = None,
+        frame_stack: bool = False,
     ):
+        """``frame_stack``: each observation [stack, ...] holds the latest frames, the
+        newest last; an episode (a game, or a life) then starts with all of them its first
+        frame, as the original's FrameStack does, not with blank or the last life's frames."""
         self.env = vector_env
+        self.frame_stack = frame_stack
+        # Steps since each env's episode began (0: its first frame), for the frame stack.
+        self.frames_in_episode = np.zeros(vector_env.num_envs, dtype=np.int64)
         self.num_envs = vector_env.num_envs
         space = vector_env.single_observation_space
         problem = space_problem(space, vector_env.single_action_space)
@@ -81,6 +88,9 @@ class BatchedEnv:
         frame, info = self.env.reset(seed=seed)
         if self.cast_to is not None:
             frame = frame.astype(self.cast_to)
+        self.frames_in_episode[:] = 0
+        if self.frame_stack:
+            self.fill_stacks_before_episode_start(frame)
         n = self.num_envs
         self.episode_return[:] = 0
         for _, _, total in self.extras:
@@ -119,6 +129,10 @@ class BatchedEnv:
             if self.fire_action is not None:
                 # The game goes on after a lost life; games that wait for FIRE get it.
                 self.fire_next = lost_life & ~game_over
+        self.frames_in_episode += 1
+        self.frames_in_episode[done] = 0
+        if self.frame_stack:
+            self.fill_stacks_before_episode_start(frame)
         self.episode_return += reward
         for _, info_key, total in self.extras:
             total += step_info(info, info_key)
@@ -138,6 +152,15 @@ class BatchedEnv:
             total[game_over] = 0
         self.episode_step[game_over] = 0
         return output
+
+    def fill_stacks_before_episode_start(self, frame: np.ndarray) -> None:
+        """In place, in each stack [N, depth, ...]: the frames from before its episode's
+        first (the blank padding of a new game, the last life's frames) become that first
+        frame, also in the steps after it, while the env's own stack still holds them."""
+        depth = frame.shape[1]
+        for env in np.flatnonzero(self.frames_in_episode < depth - 1):
+            first = depth - 1 - self.frames_in_episode[env]  # where the episode's first is
+            frame[env, :first] = frame[env, first]
 
     def frame(self) -> np.ndarray:
         """The first env's picture as the env draws it (made with render "rgb_array"):
