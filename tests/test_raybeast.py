@@ -90,7 +90,10 @@ def ray_cluster():
         subprocess.run(stop, env=env, capture_output=True, timeout=120)
 
 
-def test_embedded_ray_trains_and_shuts_down(tmp_path):
+def test_embedded_ray_trains_and_shuts_down(tmp_path, monkeypatch):
+    # Without --ray_address it starts its own Ray even where the environment names a
+    # cluster, as a Ray job's driver has it (Ray would join that one, refusing num_cpus).
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
     before = set(ray_daemon_pids())  # the test cluster's, if it is up
     result = raybeast(
         tmp_path,

@@ -64,7 +64,14 @@ def connect(settings: Settings) -> str:
         # would take the driver down with it.
         with signals_blocked({signal.SIGTERM}):
             try:
-                ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, **quiet)
+                # "local": a new instance, even where $RAY_ADDRESS (a Ray job's driver) or
+                # an earlier `ray start` names a cluster, which would refuse num_cpus.
+                ray.init(
+                    address="local",
+                    num_cpus=len(os.sched_getaffinity(0)),
+                    include_dashboard=False,
+                    **quiet,
+                )
             finally:  # before a SIGTERM that came meanwhile is delivered
                 signal.signal(signal.SIGTERM, handler)
         where = "a local Ray instance (127.0.0.1)"
