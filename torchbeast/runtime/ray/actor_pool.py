@@ -95,7 +95,10 @@ class RayActorPool(Pool):
     def _submit(self, actor_index: int) -> None:
         ref, version = self.weights.latest()
         with self.lock:
-            task = self.actors[actor_index].unroll.remote([ref], version)
+            actor = self.actors[actor_index]
+            if actor is None:  # dead, its replacement not up yet: it brings its own tasks
+                return
+            task = actor.unroll.remote([ref], version)
             self.pending[task] = (actor_index, self.incarnations[actor_index])
 
     def stop(self) -> None:
@@ -180,6 +183,12 @@ class RayActorPool(Pool):
                 return  # its other task already reported the death
             self.incarnations[actor_index] += 1
             self.held_back[actor_index] = 0  # the new actor starts with its own tasks
+            # Taken with the incarnation's change: a task submitted meanwhile (a held-back
+            # one resumed by the learner) would go to the dead actor under the new
+            # incarnation, and its failure would count as the new actor's death.
+            dead, self.actors[actor_index] = self.actors[actor_index], None
+        # Usually dead already; a lost rollout may have left it alive but of no more use.
+        ray.kill(dead, no_restart=True)
         if not self.restarts.record_death():
             self.fail(
                 f"actors keep dying: {self.restarts.deaths_text()} "
@@ -187,8 +196,6 @@ class RayActorPool(Pool):
             )
             return
         log.warning("Actor %d died (%s); starting a new one.", actor_index, last_line(error))
-        # Usually dead already; a lost rollout may have left it alive but of no more use.
-        ray.kill(self.actors[actor_index], no_restart=True)
         self._start_actor(actor_index)
 
     # The learner's side.
