@@ -292,6 +292,19 @@ def test_non_finite_loss_stops_training_and_keeps_good_weights(tmp_path):
     assert all(torch.isfinite(t).all() for t in state["model_state_dict"].values())
 
 
+def test_a_run_stopped_by_a_non_finite_loss_saves_no_replay_of_what_broke_it(tmp_path):
+    # Else the same command, once the env is mended, would replay those rollouts and stop.
+    result = monobeast(
+        tmp_path, *SMALL_RUN, "--env", "tests.envs_for_tests:OverflowReward-v0",
+        "--reward_clipping", "none", "--total_steps", "1000000", "--xpid", "run",
+        "--replay_size", "20000", "--learn_start", "400",
+    )  # fmt: skip
+    assert_one_error_line(result, "loss became inf")
+    replay = torch.load(tmp_path / "run" / "replay.tar", weights_only=True)
+    rewards = torch.cat([segment["steps"]["reward"] for segment in replay["segments"]])
+    assert len(rewards) > 400 and rewards.abs().max() < 1e29
+
+
 def test_laser_replay_adds_replayed_rollouts_and_counts_online_steps_only(tmp_path):
     # Whether it learns is `make learn`'s cartpole-laser check; this is what it logs.
     result = monobeast(

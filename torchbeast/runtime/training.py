@@ -195,6 +195,9 @@ class Trainer:
                         writer.log(stats | self.progress.figures())
                     except NonFiniteLossError as error:
                         if not pool.drops_bad_batches:
+                            # The replay saved as the run stops must not hold them: the
+                            # resumed run would draw them again.
+                            self.culprits(batch, core_state, sources)
                             raise
                         self.drop_batch(pool, batch, core_state, sources, error)
                     finally:
@@ -215,22 +218,29 @@ class Trainer:
         """A batch from network peers that would make the loss non-finite is skipped, and
         the streams whose rollouts do so on their own are closed: one peer cannot stop the
         run. (With the user's own environments, MonoBeast and RayBeast, it stops the run.)"""
-        culprits = self.learner.nonfinite_columns(batch, core_state, len(sources))
-        named = [sources[column] for column in culprits] or sources
+        culprits = self.culprits(batch, core_state, sources)
         log.warning(
             "Dropped a batch: %s. It came from %s.",
             error,
-            pool.describe_sources(named),
+            pool.describe_sources(culprits or sources),
         )
         if culprits:
             closed = pool.close_streams(
-                {sources[column][0] for column in culprits},
-                "its rollouts made the loss non-finite",
+                {source[0] for source in culprits}, "its rollouts made the loss non-finite"
             )
             if closed:
                 log.warning("Closed the streams of %s.", ", ".join(closed))
-            if self.replay is not None:
-                self.replay.forget({sources[column] for column in culprits})
+
+    def culprits(
+        self, batch: dict[str, torch.Tensor], core_state: tuple[torch.Tensor, ...], sources: list
+    ) -> list[Hashable]:
+        """The sources of the online columns that make the loss non-finite on their own
+        (a failed update's); LASER's replay forgets what it stored of them."""
+        columns = self.learner.nonfinite_columns(batch, core_state, len(sources))
+        culprits = [sources[column] for column in columns]
+        if culprits and self.replay is not None:
+            self.replay.forget(set(culprits))
+        return culprits
 
     def train(self) -> dict:
         run = self.run
