@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tests.settings_for_tests import Setup, setup
 from torchbeast.core import losses, vtrace
 from torchbeast.core.diagnostics import explained_variance
-from torchbeast.core.learner import Learner, NonFiniteLossError
+from torchbeast.core.learner import Learner, NonFiniteLossError, UndoBuffer
 from torchbeast.core.models import create_model, model_config
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
@@ -852,3 +852,26 @@ def test_deferred_checks_make_the_same_updates_and_errors_as_checks_of_each_pass
 def test_a_cpu_learner_checks_each_pass():
     case = make_setup()
     assert Learner(case.learner, make_model(case)).deferred_checks is False
+
+
+@pytest.mark.parametrize("optimizer", [{"optimizer": "adam"}, {"rmsprop_init": 0.0}])
+def test_an_undone_first_update_can_keep_the_state_it_made_as_new_state(optimizer):
+    # A CUDA graph of the update is captured after such an undo: it must find the state's
+    # tensors in place, as a fresh optimizer would have them.
+    case = make_setup(**optimizer)
+    fresh, undone = Learner(case.learner, make_model(case)), Learner(case.learner, make_model(case))
+    buffer = UndoBuffer(undone.model, undone.optimizer)
+    buffer.save()
+    undone.device_update(make_batch(0), (), None)  # the update's work, as a graph's warm-up
+
+    def state_tensors() -> list[torch.Tensor]:
+        return [v for state in undone.optimizer.state.values() for v in state.values()]
+
+    made = state_tensors()
+    buffer.restore(keep_new_state=True)
+    assert len(made) > 0 and all(a is b for a, b in zip(made, state_tensors(), strict=True))
+    for seed in (1, 2):
+        fresh.learn(make_batch(seed))
+        undone.learn(make_batch(seed))
+    for mine, theirs in zip(undone.model.parameters(), fresh.model.parameters(), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0)

@@ -123,8 +123,11 @@ def test_monobeast_trains_with_central_inference_and_the_graphed_update(tmp_path
 
 
 @cuda
-def test_graphed_updates_are_the_eager_updates():
-    graphed, eager = graphed_learner("cuda"), graphed_learner("cuda")
+@pytest.mark.parametrize("optimizer", [{}, {"optimizer": "adam"}, {"rmsprop_init": 0.0}])
+def test_graphed_updates_are_the_eager_updates(optimizer):
+    # Adam's state and RMSprop's from 0 are made by the first update: the graph must keep
+    # updating that state, not make it anew at each replay.
+    graphed, eager = graphed_learner("cuda", **optimizer), graphed_learner("cuda", **optimizer)
     eager.update_graph = None
     for seed in range(4):
         batch = {key: value.cuda() for key, value in make_batch(seed).items()}
@@ -135,6 +138,10 @@ def test_graphed_updates_are_the_eager_updates():
     assert not graphed.update_graph.given_up and graphed.update_graph.graph is not None
     for mine, theirs in zip(graphed.model.parameters(), eager.model.parameters(), strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)
+    mine, theirs = graphed.optimizer.state_dict(), eager.optimizer.state_dict()
+    for index, state in theirs["state"].items():  # what a checkpoint saves
+        for key, value in state.items():
+            torch.testing.assert_close(mine["state"][index][key], value, rtol=1e-4, atol=1e-6)
 
 
 @cuda

@@ -86,12 +86,23 @@ class UndoBuffer:
         with torch.no_grad():
             torch._foreach_copy_(self.copies, self.live)
 
-    def restore(self) -> None:
+    def restore(self, keep_new_state: bool = False) -> None:
+        """Puts back what ``save`` saw. The optimizer state made since (lazily, by the first
+        update) is deleted, or with ``keep_new_state`` kept and zeroed: to the optimizers
+        here (RMSprop, Adam) zeros are a new state, and its tensors stay the same ones (a
+        CUDA graph captured after this updates them in place)."""
         with torch.no_grad():
             torch._foreach_copy_(self.live, self.copies)
         for param in list(self.optimizer.state):  # state the failed update created
-            if param not in self.had_state:
+            if param in self.had_state:
+                continue
+            if not keep_new_state:
                 del self.optimizer.state[param]
+                continue
+            with torch.no_grad():
+                for value in self.optimizer.state[param].values():
+                    if torch.is_tensor(value):
+                        value.zero_()
 
 
 def portable(optimizer_state: dict) -> dict:

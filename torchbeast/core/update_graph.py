@@ -112,7 +112,11 @@ class UpdateGraph:
         with torch.cuda.stream(side), quiet_stream_mismatch():
             learner.device_update(self.batch, self.core_state, None)
         torch.cuda.current_stream().wait_stream(side)
-        before.restore()
+        # The state the warm-up made (an optimizer's first update makes it) stays, zeroed:
+        # captured with none, the graph would make it anew, zeros, at every replay, and
+        # hold tensors the optimizer (and its checkpoints) no longer has.
+        before.restore(keep_new_state=True)
+        before.save()
         graph = torch.cuda.CUDAGraph()
         groups = learner.optimizer.param_groups
         rates = [group["lr"] for group in groups]
