@@ -28,8 +28,9 @@ def last_line(error: BaseException | str) -> str:
 
 
 class RestartBudget:
-    """Deaths a run tolerates: at most ``per_minute`` per actor in any 60 s, so that one
-    crash is replaced and training goes on, while actors that keep dying stop the run."""
+    """Deaths a run tolerates: at most ``per_minute`` times the number of actors in any
+    60 s, counted over the whole pool (one actor may use all of it), so that one crash is
+    replaced and training goes on, while actors that keep dying stop the run."""
 
     def __init__(self, num_actors: int, per_minute: int = MAX_DEATHS_PER_MINUTE_PER_ACTOR):
         self.limit = per_minute * num_actors
