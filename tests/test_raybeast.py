@@ -328,6 +328,46 @@ def test_sigterm_while_ray_starts_stops_the_run_and_its_ray_instance(tmp_path):
     wait_for(lambda: set(ray_daemon_pids()) <= before, 30, "Ray to stop")
 
 
+# RayBeast as its command runs, on a cluster that had 3 CPUs when it started and has 2 now
+# (as after a lost node), and a start deadline of 5 s.
+LOST_CPU = """
+import sys
+from torchbeast.config.flags import parse_flags
+from torchbeast.config.parsers import make_ray_parser
+from torchbeast.config.settings import build_settings
+from torchbeast.runtime.ray.prepare import prepare_environment
+prepare_environment(build_settings(parse_flags(sys.argv[1:], make_ray_parser()), "ray"))
+import ray
+ray.cluster_resources = lambda: {"CPU": 3.0}  # what the actors' shares are taken from
+from torchbeast.runtime.ray import actor_pool
+actor_pool.START_DEADLINE_S = 5.0
+from torchbeast.raybeast import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_actor_the_cluster_cannot_place_stops_the_run_with_one_line(tmp_path, ray_cluster):
+    # Each of 3 actors asks for 1 CPU of the 2 there are: the third never starts, and the
+    # run, which would wait for it without a word, stops saying why, its checkpoint saved.
+    flags = [*SMALL_RUN, "--num_actors", "3", "--ray_address", ray_cluster]
+    flags += ["--total_steps", "100000000", "--savedir", str(tmp_path), "--xpid", "run"]
+    result = subprocess.run(
+        [sys.executable, "-c", LOST_CPU, *flags],
+        cwd=REPO, capture_output=True, text=True, timeout=240, env=os.environ | LOOPBACK,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: actor 2 has not started in 5 s: the cluster has no room for the 1 CPUs it "
+            "asks for (did a node go down?); run the same command to go on with the CPUs there "
+            "are now"
+        )
+    ), result.stderr
+    assert (tmp_path / "run" / "model.tar").exists()
+
+
 # The (actor, env) sources of a real RayBeast pool's first batches, one JSON line each.
 RAY_BATCHES = """
 import json, sys

@@ -24,6 +24,9 @@ log = logging.getLogger("torchbeast")
 
 TASKS_PER_ACTOR = 2  # one running, one queued: an actor never waits to be asked
 WAIT_S = 0.1
+# An actor (a replacement too) that has sent no rollout this long after it was asked for
+# cannot be placed: the cluster lost the CPUs it had at the start (a node went down).
+START_DEADLINE_S = 300.0
 
 
 class RayActorPool(Pool):
@@ -62,6 +65,8 @@ class RayActorPool(Pool):
         self.waiting_columns = [0] * num_actors  # in the queue, per actor
         self.held_back = [0] * num_actors  # tasks not submitted while it is ahead
         self.actors: list = [None] * num_actors
+        # When each actor was started, until its first rollout comes (then None).
+        self.starting_since: list[float | None] = [None] * num_actors
         self.incarnations = [first_incarnation] * num_actors
         self.pending: dict[ray.ObjectRef, tuple[int, int]] = {}  # task -> (actor, incarnation)
         self.restarts = RestartBudget(num_actors)
@@ -89,6 +94,7 @@ class RayActorPool(Pool):
         )
         with self.lock:
             self.actors[actor_index] = actor
+            self.starting_since[actor_index] = time.monotonic()
         for _ in range(TASKS_PER_ACTOR):
             self._submit(actor_index)
 
@@ -124,6 +130,7 @@ class RayActorPool(Pool):
                 ready, _ = ray.wait(tasks, num_returns=1, timeout=WAIT_S)
                 for task in ready:
                     self._finish(task)
+                self._check_starts()
         except Closed:
             pass  # stopping
         except Exception as error:  # surfaced as the run's error, not swallowed
@@ -151,6 +158,8 @@ class RayActorPool(Pool):
             log.error("Actor %d failed:\n%s", actor_index, error)
             self.fail(f"actor {actor_index} failed: {last_line(error)} (traceback in out.log)")
             return
+        if incarnation == self.incarnations[actor_index]:
+            self.starting_since[actor_index] = None
         if self.first_rollout_s is None:
             self.first_rollout_s = time.monotonic() - self.started
             log.info("First rollout after %.1f s (the Ray actors start).", self.first_rollout_s)
@@ -158,6 +167,26 @@ class RayActorPool(Pool):
         self._queue_columns(actor_index, result)
         if incarnation == self.incarnations[actor_index]:
             self._submit_unless_ahead(actor_index)
+
+    def _check_starts(self) -> None:
+        """Stops the run with one line where an actor has not started by the deadline
+        (its rollouts neither came nor are waiting to be read): training would otherwise
+        wait for it without a word."""
+        now = time.monotonic()
+        with self.lock:
+            late = {
+                index
+                for index, since in enumerate(self.starting_since)
+                if since is not None and now - since > START_DEADLINE_S
+            }
+            theirs = [task for task, (index, _) in self.pending.items() if index in late]
+        if not late or (theirs and ray.wait(theirs, num_returns=1, timeout=0)[0]):
+            return
+        self.fail(
+            f"actor {min(late)} has not started in {START_DEADLINE_S:.0f} s: the cluster has "
+            f"no room for the {self.cpus_per_actor:g} CPUs it asks for (did a node go "
+            "down?); run the same command to go on with the CPUs there are now"
+        )
 
     def _submit_unless_ahead(self, actor_index: int) -> None:
         with self.lock:
