@@ -156,6 +156,23 @@ def test_load_logs_reads_a_resumed_runs_logs_into_one_dataframe(tmp_path):
     assert np.isnan(frame["episodes"][0]) and frame["episodes"][1] == 3.0
 
 
+def test_load_logs_takes_a_path_under_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_run(tmp_path / "logs", "example", "# _tick,_time,step\n0,1.0,80\n")
+    assert curves.load_logs("~/logs/example")["step"].tolist() == [80.0]
+
+
+def test_sps_curve_draws_no_point_across_a_restart(tmp_path):
+    # Rows every second at 100 steps/s; the run resumed an hour later, its first row's sps
+    # not yet known: steps over the downtime are no speed the run had.
+    rows = [f"{t},{1000.0 + t},{100 * t}," for t in range(1, 11)]
+    rows += ["11,4610.0,1100,", "12,4611.0,1200,100"]
+    text = "# _tick,_time,step,sps\n" + "\n".join(rows) + "\n"
+    steps, sps = curves.sps_curve(curves.read_logs(write_run(tmp_path, "run", text)))
+    assert 1100.0 not in steps.tolist()
+    assert sps.min() == pytest.approx(100.0)
+
+
 def test_sps_curve_averages_steps_over_the_time_window_without_sps_column(tmp_path):
     text = "# _tick,_time,step\n0,100.0,0\n1,102.0,3200\n2,106.0,6400\n3,120.0,8000\n"
     logs = curves.read_logs(write_run(tmp_path, "run", text))

@@ -32,7 +32,7 @@ def read_logs(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     names apply to the rows after it, as a resumed run appends a new header;
     columns a row's header lacks are NaN for that row.
     """
-    path = Path(path)
+    path = Path(path).expanduser()
     if path.is_dir():
         path = path / LOGS_NAME
     rows: list[dict[str, float]] = []
@@ -140,8 +140,14 @@ def sps_curve(
         start = np.minimum(start, np.arange(steps.size) - 1).clip(min=0)
         d_step = steps - steps[start]
         d_time = times - times[start]
+        # A window reaching back much further than the rows come spans a restart: its
+        # steps over the downtime would draw a dip to ~0 that the run never had.
+        spaced = np.diff(times)
+        typical = np.nanmedian(spaced) if np.isfinite(spaced).any() else 0.0
+        restart = d_time > max(window_s, 10 * typical)
         with np.errstate(divide="ignore", invalid="ignore"):
-            computed = np.where((d_time > 0) & (d_step > 0), d_step / d_time, math.nan)
+            rate = d_step / d_time
+            computed = np.where((d_time > 0) & (d_step > 0) & ~restart, rate, math.nan)
     sps = logs["sps"] if "sps" in logs else computed
     sps = np.where(np.isfinite(sps), sps, computed)
     keep = np.isfinite(steps) & np.isfinite(sps)
