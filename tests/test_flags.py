@@ -399,3 +399,11 @@ def test_replay_ratio_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         flags.parse_flags(["--replay_size", "1000", "--replay_ratio", "0"])
     assert "--replay_ratio: must be a positive integer, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("servers", [",", " , "])
+def test_env_servers_that_name_no_address_are_refused_in_one_line(capsys, servers):
+    # A learner given none dialled no server and failed with a ZeroDivisionError.
+    with pytest.raises(SystemExit):
+        flags.parse_flags(["--env_servers", servers], make_learner_parser(""))
+    assert f"--env_servers {servers!r} names no address: give host:port" in capsys.readouterr().err

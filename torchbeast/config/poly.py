@@ -144,6 +144,11 @@ def resolve_learner_flags(
     """The PolyBeast learner's derived defaults: a queue of --batch_size rollouts, and a
     quarter of this machine's memory for the streams' rollout buffers."""
     resolved = {}
+    if flags.env_servers and not any(a.strip() for a in flags.env_servers.split(",")):
+        parser.error(
+            f"--env_servers {flags.env_servers!r} names no address: give host:port or unix:PATH "
+            "addresses, comma-separated, or leave it out"
+        )
     if flags.max_learner_queue_size is None:
         resolved["max_learner_queue_size"] = flags.batch_size
     if flags.stream_memory_mb is None:
