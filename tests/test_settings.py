@@ -71,9 +71,17 @@ def test_polybeast_env_processes_get_what_polybeast_env_parses_from_the_same_com
     assert pickle.loads(pickle.dumps(env_side)) == env_side
 
 
-def test_inverted_polybeast_starts_clients_enough_for_its_streams():
-    env_side = env_side_of(poly_settings("--serve", "unix:/tmp/l", "--num_actors", "6"))
-    assert (env_side.connect, env_side.clients_per_process) == ("unix:/tmp/l", 2)  # 4 servers
+@pytest.mark.parametrize(
+    "actors, processes, clients", [("2", 2, 1), ("6", 3, 2), ("16", 4, 4), ("7", 1, 7)]
+)
+def test_inverted_polybeast_starts_as_many_streams_as_num_actors(actors, processes, clients):
+    # At most --num_servers (4) processes, each with as many clients: 4 x 1 streams of 8
+    # envs for the 2 x 8 layout had trained 32 envs with a batch sized for 16.
+    settings = poly_settings("--serve", "unix:/tmp/l", "--num_actors", actors)
+    env_side = env_side_of(settings)
+    assert env_side.connect == "unix:/tmp/l"
+    assert (env_side.network.num_servers, env_side.clients_per_process) == (processes, clients)
+    assert env_side.envs_per_stream == settings.actors.envs_per_actor
 
 
 def test_a_resumed_learners_env_comes_from_its_checkpoint_and_leaves_settings_as_built(tmp_path):

@@ -6,10 +6,9 @@ PolyBeast run's env id, a test run's model) travels in the objects that need it.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 from torchbeast.config.declared import from_flags
@@ -251,10 +250,18 @@ def env_side_of(settings: Settings) -> PolyEnvSettings:
     """The env processes ``polybeast`` starts for its learner: the same env, addresses,
     TLS and token; with --serve, clients enough for --num_actors streams."""
     poly, actors = settings.runtime, settings.actors
-    per_process = math.ceil(actors.num_actors / poly.network.num_servers) if poly.serve else 1
+    network, per_process = poly.network, 1
+    if poly.serve:  # exactly --num_actors streams: at most --num_servers processes, alike
+        processes = max(
+            count
+            for count in range(1, min(network.num_servers, actors.num_actors) + 1)
+            if actors.num_actors % count == 0
+        )
+        network = replace(network, num_servers=processes)
+        per_process = actors.num_actors // processes
     return PolyEnvSettings(
         env=settings.env,
-        network=poly.network,
+        network=network,
         connect=poly.serve,
         clients_per_process=per_process,
         envs_per_stream=actors.envs_per_actor,
