@@ -407,3 +407,13 @@ def test_env_servers_that_name_no_address_are_refused_in_one_line(capsys, server
     with pytest.raises(SystemExit):
         flags.parse_flags(["--env_servers", servers], make_learner_parser(""))
     assert f"--env_servers {servers!r} names no address: give host:port" in capsys.readouterr().err
+
+
+def test_values_from_a_config_file_keep_their_source_where_a_resolver_hands_them_back(tmp_path):
+    # The layout and run-folder resolvers return these whatever they were; meta.json and
+    # --print_settings had called the file's values "derived".
+    config = tmp_path / "run.toml"
+    config.write_text('num_actors = 3\nxpid = "foo"\n')
+    _, sources = flags.parse_flags_and_sources(["--config", str(config)])
+    assert sources["num_actors"] == sources["xpid"] == f"file {config}"
+    assert sources["envs_per_actor"] == "derived"  # one env per actor, as the original's

@@ -15,7 +15,7 @@ import sys
 
 from torchbeast.config.argparser import FlagParser
 from torchbeast.config.declared import add_declared_flags, group_of
-from torchbeast.config.layers import COMMAND_LINE, parse_in_layers, settings_table
+from torchbeast.config.layers import parse_in_layers, settings_table
 from torchbeast.config.resolvers import (
     Resolver,
     resolve_layout,
@@ -137,10 +137,10 @@ def parse_flags_and_sources(
     flags, sources = parse_in_layers(parser, argv)
     for resolve in parser.resolvers:
         resolved = resolve(flags, parser, sources)
-        sources.update(
+        sources.update(  # a value a resolver handed back as it was keeps its source
             (name, DERIVED)
             for name, value in resolved.items()
-            if sources.get(name) != COMMAND_LINE or value != getattr(flags, name, None)
+            if value != getattr(flags, name, None)
         )
         flags = argparse.Namespace(**{**vars(flags), **resolved})
     if getattr(flags, "print_settings", False):
