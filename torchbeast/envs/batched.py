@@ -49,7 +49,7 @@ class BatchedEnv:
         frame, as the original's FrameStack does, not with blank or the last life's frames."""
         self.env = vector_env
         self.frame_stack = frame_stack
-        # Steps since each env's episode began (0: its first frame), for the frame stack.
+        # Steps since each env's episode began (0: its first frame); kept for a frame stack.
         self.frames_in_episode = np.zeros(vector_env.num_envs, dtype=np.int64)
         self.num_envs = vector_env.num_envs
         space = vector_env.single_observation_space
@@ -88,8 +88,8 @@ class BatchedEnv:
         frame, info = self.env.reset(seed=seed)
         if self.cast_to is not None:
             frame = frame.astype(self.cast_to)
-        self.frames_in_episode[:] = 0
         if self.frame_stack:
+            self.frames_in_episode[:] = 0
             self.fill_stacks_before_episode_start(frame)
         n = self.num_envs
         self.episode_return[:] = 0
@@ -129,9 +129,9 @@ class BatchedEnv:
             if self.fire_action is not None:
                 # The game goes on after a lost life; games that wait for FIRE get it.
                 self.fire_next = lost_life & ~game_over
-        self.frames_in_episode += 1
-        self.frames_in_episode[done] = 0
         if self.frame_stack:
+            self.frames_in_episode += 1
+            self.frames_in_episode[done] = 0
             self.fill_stacks_before_episode_start(frame)
         self.episode_return += reward
         for _, info_key, total in self.extras:

@@ -197,7 +197,7 @@ class Trainer:
                         if not pool.drops_bad_batches:
                             # The replay saved as the run stops must not hold them: the
                             # resumed run would draw them again.
-                            self.culprits(batch, core_state, sources)
+                            self.forget_culprits(batch, core_state, sources)
                             raise
                         self.drop_batch(pool, batch, core_state, sources, error)
                     finally:
@@ -218,7 +218,7 @@ class Trainer:
         """A batch from network peers that would make the loss non-finite is skipped, and
         the streams whose rollouts do so on their own are closed: one peer cannot stop the
         run. (With the user's own environments, MonoBeast and RayBeast, it stops the run.)"""
-        culprits = self.culprits(batch, core_state, sources)
+        culprits = self.forget_culprits(batch, core_state, sources)
         log.warning(
             "Dropped a batch: %s. It came from %s.",
             error,
@@ -231,7 +231,7 @@ class Trainer:
             if closed:
                 log.warning("Closed the streams of %s.", ", ".join(closed))
 
-    def culprits(
+    def forget_culprits(
         self, batch: dict[str, torch.Tensor], core_state: tuple[torch.Tensor, ...], sources: list
     ) -> list[Hashable]:
         """The sources of the online columns that make the loss non-finite on their own
