@@ -3,6 +3,7 @@ runtime, from its first line; out.log in the run folder keeps every line."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -28,6 +29,9 @@ def test_suppress_logs_keeps_the_console_to_progress_lines(tmp_path, sockets, en
     assert "Training run on CartPole-v1" in out_log  # the line is written, to the file only
     console = [line for line in quiet.stdout.splitlines() if line.startswith("[")]
     assert all("] Steps " in line or line.startswith("[WARNING") for line in console), console
+    # A run shorter than the progress interval still ends with a line saying where it got.
+    last = re.search(r"\] Steps (\d+) of 400 \(", console[-1] if console else "")
+    assert last and int(last.group(1)) >= 400, console
     if entry_point == "polybeast":
         return
     # Without the flag the same line shows.

@@ -418,6 +418,11 @@ class Trainer:
                 if not self.save_checkpoint():
                     return
                 last_checkpoint = now
+        # The steps since the last line get theirs: a run shorter than the interval, or
+        # its last seconds, still shows where it got (also under --suppress_logs).
+        now, step = time.monotonic(), self.learner.step
+        if step > last_step and now > last_time:
+            self.progress.print(step, (step - last_step) / (now - last_time))
 
     def save_checkpoint(self) -> bool:
         """Saves the checkpoint; where the folder cannot take it (a full disk), the run
