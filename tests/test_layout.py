@@ -20,6 +20,7 @@ from tests.test_monobeast import (
     wait_for_rows,
 )
 from torchbeast.config.flags import parse_flags, parse_flags_and_sources
+from torchbeast.config.parsers import make_learner_parser, make_poly_parser
 from torchbeast.config.resolvers import default_layout, grown_batch
 from torchbeast.runtime.layout import (
     ACTOR_NICENESS,
@@ -59,6 +60,24 @@ def test_layout_flags_win_over_the_machines_layout():
     cores = len(os.sched_getaffinity(0))
     envs_only = parse_flags(["--envs_per_actor", "2"])
     assert (envs_only.num_actors, envs_only.envs_per_actor) == (default_layout(cores)[0], 2)
+
+
+@pytest.mark.parametrize("cores", [2, 16])
+def test_polybeast_learners_streams_have_the_env_sides_envs_unless_told(monkeypatch, cores):
+    # polybeast_learner's streams come from polybeast_env (--envs_per_stream, default 1):
+    # its batch is sized for those, where polybeast's own env side takes 8 envs a stream.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)))
+    actors = default_layout(cores)[0]
+    learner = parse_flags(["--disable_cuda"], make_learner_parser(""))
+    assert (learner.num_actors, learner.envs_per_actor) == (actors, 1)
+    assert (learner.batch_size, learner.layout_source) == (16, f"chosen for {cores} cores")
+    assert learner.batch_size == grown_batch(actors)[0]
+    both = parse_flags(["--disable_cuda"], make_poly_parser())
+    assert (both.num_actors, both.envs_per_actor) == (actors, 8)
+    assert both.batch_size == grown_batch(actors * 8)[0]
+    told = parse_flags(["--disable_cuda", "--envs_per_actor", "8"], make_learner_parser(""))
+    assert (told.envs_per_actor, told.batch_size) == (8, grown_batch(actors * 8)[0])
+    assert told.layout_source == f"--envs_per_actor, actors chosen for {cores} cores"
 
 
 @pytest.mark.parametrize(

@@ -151,6 +151,7 @@ def test_learner_dials_env_servers_over_tcp(tmp_path, processes):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert logged_steps(tmp_path / "r")[-1] >= 300
+    assert "envs, not the" not in result.stdout  # the env side's default, as the learner's
     # Four streams over two servers: each server served two environments.
     clients = {row["client_id"].rsplit(":", 1)[-1] for row in episodes(tmp_path / "r")}
     assert {client.split("#")[1] for client in clients} <= {"0", "1"}
@@ -238,6 +239,27 @@ def test_a_client_that_leaves_mid_rollout_is_learned_from_and_counted_exactly(
     assert client.wait(timeout=30) == 0, text(tmp_path / "client.log")
     # Two whole rollouts of 20 and one partial of 10: every step counted once, none padded.
     assert logged_steps(tmp_path / "r") == [20, 40, 50]
+
+
+def test_a_learner_told_other_envs_per_stream_than_its_clients_say_so_once(
+    tmp_path, processes, sockets
+):
+    address = f"unix:{sockets}/learner"
+    learner_log = tmp_path / "learner.log"
+    learner = processes(  # no --envs_per_actor: a stream of polybeast_env's default, 1 env
+        "torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--total_steps", "400",
+        "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
+    )  # fmt: skip
+    processes(
+        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
+        "--clients_per_process", "2", "--envs_per_stream", "3", log=tmp_path / "client.log",
+    )  # fmt: skip
+    assert learner.wait(timeout=120) == 0, text(learner_log)
+    assert logged_steps(tmp_path / "r")[-1] >= 400
+    assert "Layout: 2 streams x 1 envs from env clients dialling in" in text(learner_log)
+    warnings = [line for line in text(learner_log).splitlines() if "[WARNING" in line]
+    assert len([w for w in warnings if "steps 3 envs, not the 1" in w]) == 1, warnings
+    assert "give the learner --envs_per_actor 3" in text(learner_log)
 
 
 def test_a_killed_client_leaves_a_partial_rollout_and_training_goes_on(

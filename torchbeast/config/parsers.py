@@ -9,6 +9,7 @@ import argparse
 from torchbeast.config.argparser import FlagParser
 from torchbeast.config.declared import add_declared_flags
 from torchbeast.config.flags import make_parser
+from torchbeast.config.poly import PolyEnvSettings
 from torchbeast.config.poly_flags import add_env_flags
 from torchbeast.config.resolvers import resolve_num_buffers
 from torchbeast.config.values import nonnegative_int, positive_int
@@ -40,12 +41,24 @@ def make_mono_parser() -> argparse.ArgumentParser:
 
 
 def make_learner_parser(description: str | None = None) -> argparse.ArgumentParser:
-    """``polybeast_learner``'s parser."""
-    return make_runtime_parser("poly", description)
+    """``polybeast_learner``'s parser. Its env streams are someone else's: each brings the
+    envs of polybeast_env's --envs_per_stream, so --envs_per_actor (which sizes the
+    learner's batch with the envs) defaults to that flag's default, not to MonoBeast's 8."""
+    parser = make_runtime_parser("poly", description)
+    envs_per_stream = PolyEnvSettings.__dataclass_fields__["envs_per_stream"].default
+    parser.set_defaults(envs_per_actor=envs_per_stream)
+    for action in parser._actions:
+        if action.dest == "envs_per_actor":
+            action.help = (
+                "(new) Environments each env stream steps: polybeast_env's --envs_per_stream "
+                f"(default: {envs_per_stream}, as there); with --num_actors it sizes the "
+                "learner's batch."
+            )
+    return parser
 
 
 def make_poly_parser() -> argparse.ArgumentParser:
-    parser = make_learner_parser("PolyBeast: env servers and learner in one command.")
+    parser = make_runtime_parser("poly", "PolyBeast: env servers and learner in one command.")
     parser.set_defaults(env="PongNoFrameskip-v4")
     return parser
 

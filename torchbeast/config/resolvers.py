@@ -62,10 +62,11 @@ def resolve_layout(
         source = f"chosen for {cores} cores" + (" and a GPU" if gpu else "")
         if envs_per_actor is None:
             envs_per_actor = machine_envs
-        else:
+        elif sources.get("envs_per_actor", DEFAULT) != DEFAULT:
             source = f"--envs_per_actor, actors {source}"
     else:
-        source = "--num_actors" + (" and --envs_per_actor" if envs_per_actor else "")
+        given = sources.get("envs_per_actor", DEFAULT) != DEFAULT
+        source = "--num_actors" + (" and --envs_per_actor" if given else "")
     return dict(num_actors=num_actors, envs_per_actor=envs_per_actor or 1, layout_source=source)
 
 

@@ -74,6 +74,8 @@ class PolyActorPool(Pool):
         first Hello decides it."""
         self.poly = poly = settings.runtime
         self.num_actors = settings.actors.num_actors
+        self.envs_per_stream = settings.actors.envs_per_actor  # as the batch was sized
+        self.envs_warned: set[int] = set()  # other stream sizes already warned of
         self.batch_size = settings.learner.batch_size
         self.unroll_length = settings.learner.unroll_length
         self.env_processes = env_processes or []
@@ -228,6 +230,23 @@ class PolyActorPool(Pool):
 
     # ------------------------------------------------------------------ streams
 
+    def _check_stream_size(self, client_id: str, num_envs: int) -> None:
+        """Warns, once per size, of a stream whose envs are not the --envs_per_actor the
+        learner's batch and rate were sized for (a polybeast_env --envs_per_stream that
+        the learner was not told)."""
+        with self.lock:
+            if num_envs == self.envs_per_stream or num_envs in self.envs_warned:
+                return
+            self.envs_warned.add(num_envs)
+        log.warning(
+            "Env stream %s steps %d envs, not the %d the learner's batch was sized for: "
+            "give the learner --envs_per_actor %d (the env side's --envs_per_stream).",
+            client_id,
+            num_envs,
+            self.envs_per_stream,
+            num_envs,
+        )
+
     def serve_env(
         self, incoming: Iterator[pb.EnvMessage], cancel: Callable[[], object]
     ) -> Iterator[pb.Action]:
@@ -255,6 +274,7 @@ class PolyActorPool(Pool):
             while len(self.client_ids) > MAX_CLOSED_STREAM_NAMES:
                 self.client_ids.popitem(last=False)
         log.info("Env stream %s connected (%d envs).", client_id, num_envs)
+        self._check_stream_size(client_id, num_envs)
         try:
             while not self.model_ready.wait(0.2):
                 if self.stopping.is_set():
