@@ -102,3 +102,22 @@ def test_without_the_flag_nothing_is_logged_or_scaled():
     stats = learner.learn(batch)
     assert "value_scale" not in stats
     assert learner.value_scale.scale == 1.0
+
+
+def test_a_run_resumed_without_the_flag_keeps_the_values_it_learnt():
+    case = make_setup(normalize_values=True, reward_clipping="none")
+    learner = Learner(case.learner, make_model(case))
+    batch = make_batch()
+    batch["reward"] = torch.full_like(batch["reward"], 30.0)
+    batch["done"] = torch.zeros_like(batch["done"])
+    learner.learn(batch)
+    assert learner.value_scale.scale > 30.0
+    plain_case = make_setup(reward_clipping="none")
+    resumed = Learner(plain_case.learner, make_model(plain_case, seed=1))
+    resumed.load_state_dict(copy.deepcopy(learner.state_dict()))
+    # The head now predicts V itself: sigma is folded into it, and the scale is off (1).
+    assert resumed.value_scale.scale == 1.0
+    values = learner._losses(batch, (), None).learner_outputs["baseline"]
+    torch.testing.assert_close(
+        resumed._losses(batch, (), None).learner_outputs["baseline"], values
+    )

@@ -419,5 +419,5 @@ class Learner:
         apply_settings(self.optimizer, self.scheduler, self.settings, self.step)
         self.updates = int(state.get("updates", 0))
         if "value_scale" in state:
-            self.value_scale.load_state_dict(state["value_scale"])
+            self.value_scale.load_state_dict(state["value_scale"], self.model.baseline)
         self.model.policy_version.fill_(self.updates)

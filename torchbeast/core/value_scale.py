@@ -54,7 +54,17 @@ class ValueScale:
     def state_dict(self) -> dict:
         return {"scale": self.scale, "mean_square": self.mean_square, "updates": self.updates}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.scale = float(state["scale"])
+    def load_state_dict(self, state: dict, head: nn.Linear) -> None:
+        """A checkpoint's sigma (``head``: the baseline head it was saved with). Resumed
+        without --normalize_values, the head is rescaled to predict V itself, sigma
+        folded into its weights: the values stay those the run learnt."""
+        scale = float(state["scale"])
+        if not self.enabled:
+            if scale != 1.0:
+                with torch.no_grad():
+                    head.weight.mul_(scale)
+                    head.bias.mul_(scale)
+            return
+        self.scale = scale
         self.mean_square = float(state["mean_square"])
         self.updates = int(state["updates"])
