@@ -118,6 +118,4 @@ def test_a_run_resumed_without_the_flag_keeps_the_values_it_learnt():
     # The head now predicts V itself: sigma is folded into it, and the scale is off (1).
     assert resumed.value_scale.scale == 1.0
     values = learner._losses(batch, (), None).learner_outputs["baseline"]
-    torch.testing.assert_close(
-        resumed._losses(batch, (), None).learner_outputs["baseline"], values
-    )
+    torch.testing.assert_close(resumed._losses(batch, (), None).learner_outputs["baseline"], values)
