@@ -67,7 +67,29 @@ def test_each_row_takes_the_batch_training_grows_with_its_envs_unless_flags_set_
     assert grown[grown.index("--learning_rate") + 1] == "0.00099"
     for given in (["--batch_size", "8"], ["--unroll_length=20"], ["--learning_rate", "1e-3"]):
         kept = recipe_arguments(64, given)
-        assert kept[kept.index("--batch_size") + 1] == "16", given
+        assert "--learning_rate" not in kept, given  # the recipe's own rate, or the given
+        if given[0] == "--batch_size":
+            assert "--batch_size" not in kept  # the run takes the given one
+        else:
+            assert kept[kept.index("--batch_size") + 1] == "16", given
+
+
+def test_rows_keep_the_learner_an_envs_presets_set_as_training_does():
+    # SpaceInvaders' preset sets the learning rate: the batch stays 16, and the rate is
+    # left to the preset (on the command line, the recipe's would win over it).
+    minatar = recipe_arguments(64, ["--env", "MinAtar/SpaceInvaders-v1"])
+    assert "--learning_rate" not in minatar
+    assert minatar[minatar.index("--batch_size") + 1] == "16"
+    # Riverraid's survival proxy sets the batch and unroll length: neither is passed.
+    survival = ["--env", "RiverraidNoFrameskip-v4", "--fuel_multiplier", "1"]
+    survival += ["--move_penalty", "0"]
+    riverraid = recipe_arguments(64, survival)
+    assert not {"--batch_size", "--unroll_length", "--learning_rate"} & set(riverraid)
+    assert riverraid == recipe_arguments(passed=survival)  # epochs and clip: training's
+    # --no_presets: the recipe whole, grown with the envs.
+    assert recipe_arguments(64, ["--env", "MinAtar/SpaceInvaders-v1", "--no_presets"]) == (
+        recipe_arguments(64)
+    )
 
 
 def test_default_layouts_run_up_to_the_cores_and_include_the_machines_own():

@@ -27,27 +27,47 @@ import tempfile
 import torch
 
 from torchbeast.bench import LEARNER_SHAPE
-from torchbeast.config.parsers import make_mono_parser
+from torchbeast.config.layers import DEFAULT, parse_in_layers
+from torchbeast.config.parsers import make_bench_parser, make_mono_parser
 from torchbeast.config.resolvers import default_layout, grown_batch
 from torchbeast.config.values import nonnegative_int, positive_int
+from torchbeast.runtime.registry import RUNTIMES
 
 # The training recipe's learner, which the one-step benchmark leaves at the original's.
 RECIPE_FLAGS = LEARNER_SHAPE
 ENVS_PER_ACTOR = 8
 
 
+# The flags whose values, set anywhere, keep training's batch from growing with the envs.
+GROWTH_KEEPERS = {"batch_size", "learning_rate", "unroll_length"}
+
+
+def set_elsewhere(passed: list[str]) -> set[str]:
+    """The recipe's flags (and the learning rate) that ``passed`` sets, itself or through
+    the env's presets or a --config file."""
+    if not passed:
+        return set()
+    sources = parse_in_layers(make_bench_parser(list(RUNTIMES)), list(passed))[1]
+    names = (*RECIPE_FLAGS, "learning_rate")
+    return {name for name in names if sources.get(name, DEFAULT) != DEFAULT}
+
+
 def recipe_arguments(envs: int | None = None, passed: list[str] = ()) -> list[str]:
     """The training defaults of RECIPE_FLAGS, as command-line arguments; for ``envs``
     environments in all, the batch and learning rate training grows with them
-    (``grown_batch``), unless ``passed`` sets the batch, its rate or the unroll length."""
-    parser = make_mono_parser()
-    defaults = {name: parser.get_default(name) for name in RECIPE_FLAGS}
-    given = {argument.split("=")[0][2:] for argument in passed if argument.startswith("--")}
-    if envs is not None and not given & {"batch_size", "learning_rate", "unroll_length"}:
-        defaults["batch_size"], defaults["learning_rate"] = grown_batch(envs)
+    (``grown_batch``). What ``passed`` sets (``set_elsewhere``) is left out: the benchmark
+    run takes it from there, as training would (on the command line, the recipe's values
+    would win over a preset); and as in training, such a batch, learning rate or unroll
+    length keeps the batch from growing."""
+    training = make_mono_parser()
+    given = set_elsewhere(passed)
+    values = {name: training.get_default(name) for name in RECIPE_FLAGS}
+    if envs is not None and not given & GROWTH_KEEPERS:
+        values["batch_size"], values["learning_rate"] = grown_batch(envs)
     arguments: list[str] = []
-    for name, value in defaults.items():
-        arguments += [f"--{name}", str(value)]
+    for name, value in values.items():
+        if name not in given:
+            arguments += [f"--{name}", str(value)]
     return arguments
 
 
@@ -191,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     if "cuda" in devices and not torch.cuda.is_available():
         print("error: --devices cuda, but PyTorch sees no CUDA device: use --devices cpu")
         return 2
-    recipe = " ".join(recipe_arguments()) + ", the batch and its learning rate grown with the envs"
+    recipe = " ".join(recipe_arguments(passed=passed))
+    if not set_elsewhere(passed) & GROWTH_KEEPERS:
+        recipe += ", the batch and its learning rate grown with the envs"
     changed = f"; every row with {' '.join(passed)}" if passed else ""
     print(f"Scaling benchmark on {cores} cores: the training recipe ({recipe}{changed}), ", end="")
     print(f"{flags.bench_steps} steps measured after {flags.warmup_steps}; one run per row.")
