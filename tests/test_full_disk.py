@@ -13,8 +13,10 @@ import torch
 from tests.test_monobeast import SMALL_RUN, monobeast
 from torchbeast.curves import read_logs
 
-# 300 KiB fill up after ~20K CartPole steps (logs.csv, TensorBoard, five checkpoints).
-RUN = [*SMALL_RUN, "--xpid", "r", "--total_steps", "60000", "--checkpoint_interval", "2"]
+# 300 KiB fill up after ~20K CartPole steps (logs.csv and TensorBoard take ~13 bytes a
+# step, a checkpoint ~53 KB); a checkpoint every 0.5 s: the first lands before, however
+# fast the host (every 2 s, a fast host logged ~19K steps first, and none fitted).
+RUN = [*SMALL_RUN, "--xpid", "r", "--total_steps", "60000", "--checkpoint_interval", "0.5"]
 
 
 def mount(folder, size: str, remount: bool = False) -> None:

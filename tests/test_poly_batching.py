@@ -18,6 +18,13 @@ def run_threads(target, count: int) -> None:
         assert not thread.is_alive()
 
 
+def wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
 def test_every_caller_gets_its_own_result_and_every_request_is_computed_once():
     computed: list[int] = []
 
@@ -54,10 +61,10 @@ def test_batches_hold_waiting_requests_together_up_to_the_maximum():
     batcher = DynamicBatcher(compute, max_batch_size=4, timeout_s=0.05, num_threads=1)
     threads = [threading.Thread(target=batcher.compute, args=(i,)) for i in range(11)]
     threads[0].start()
-    time.sleep(0.2)  # the first request forms a batch of one alone
+    wait_until(lambda: sizes == [1])  # the first request forms a batch of one alone
     for thread in threads[1:]:
         thread.start()
-    time.sleep(0.2)
+    wait_until(lambda: len(batcher.pending) == 10)  # the others queue behind it
     release.set()
     for thread in threads:
         thread.join(10)
@@ -105,7 +112,7 @@ def test_closing_fails_callers_still_waiting_and_refuses_new_ones():
 
     def compute(payloads):
         started.set()
-        time.sleep(0.3)
+        wait_until(lambda: batcher.closed)  # the batch is still computing when it closes
         return payloads
 
     batcher = DynamicBatcher(compute, max_batch_size=1, timeout_s=0.0)

@@ -216,6 +216,8 @@ def test_a_resumed_learner_refuses_peers_of_another_spec_and_keeps_its_checkpoin
         "600", "--savedir", str(tmp_path), "--xpid", "r", log=second_log,
     )  # fmt: skip
     wait_for(lambda: "Resuming r" in text(second_log), 60, "the learner to read its checkpoint")
+    # Serving starts just after that line: a stream sooner would find no server.
+    wait_for(lambda: "Learner serving env clients on" in text(second_log), 60, "serving")
     other = EnvSpec("CartPole-v1", (4,), np.dtype("float32"), 3)
     error = bad_stream(address, [codec.hello("other", other)], token=None)
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION

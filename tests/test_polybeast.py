@@ -303,6 +303,9 @@ def test_64_clients_train_one_learner_at_once(tmp_path, processes, sockets):
         "torchbeast.polybeast_learner", *LEARNER, "--batch_size", "16", "--serve", address,
         "--total_steps", "16000", "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
     )  # fmt: skip
+    # Clients that dial before the learner serves back off for up to 5 s: one could then
+    # join in the run's last moments and end no episode (the run lasts ~5 s on a fast host).
+    wait_for(lambda: "Learner serving env clients on" in text(learner_log), 60, "serving")
     processes(
         "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "4",
         "--clients_per_process", "16", log=tmp_path / "clients.log",

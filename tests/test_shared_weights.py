@@ -99,9 +99,9 @@ def test_a_reader_through_a_staging_buffer_keeps_its_weights_while_the_learner_w
     assert all(torch.all(p == 3.0) for p in reader.parameters())
 
     finish = threading.Timer(0.2, lambda: weights.version.add_(1))  # ... and is done
-    finish.start()
     fresh = filled_model(0.0)
-    started = time.monotonic()
+    started = time.monotonic()  # before the timer starts: it cannot end the write sooner
+    finish.start()
     assert weights.read_into(fresh, -1, staging) == 4
     assert time.monotonic() - started >= 0.15
     assert all(torch.all(p == 5.0) for p in fresh.parameters())
