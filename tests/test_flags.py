@@ -392,7 +392,31 @@ def test_the_manuals_tables_are_in_sync_with_the_parsers():
 def test_the_polybeast_flag_tables_leave_the_shared_flags_to_the_first():
     block = docs.generated_tables()["polyflags"]
     assert "| `--serve` |" in block and "| `--connect` |" in block
-    assert "| `--env` |" not in block.split("`polybeast_env`")[0]  # shared flags: table above
+    shared, rest = block.split("`polybeast_learner` (its environments are someone else's)")
+    assert "| `--env` |" not in shared  # shared flags: table above
+
+
+def test_the_polybeast_flag_tables_give_polybeast_learners_own_defaults():
+    # Its streams are polybeast_env's: a shared flag with another default gets a row of its
+    # own; the others stay in the first table.
+    learner_rows = docs.generated_tables()["polyflags"].split("`polybeast_env`")[0]
+    learner_rows = learner_rows.split("where it differs from the first table")[1]
+    rows = {
+        found.group(1): line
+        for line in learner_rows.splitlines()
+        if (found := re.match(r"\| `(--\w+)`", line))
+    }
+    learner, first = make_learner_parser(""), flags.make_parser()
+    differing = {
+        f"--{action.dest}"
+        for action in learner._actions
+        if action.option_strings
+        and action.dest in vars(first.parse_args([]))
+        and learner.get_default(action.dest) != first.get_default(action.dest)
+    }
+    assert differing == {"--env", "--envs_per_actor"}
+    assert differing <= set(rows), rows
+    assert rows["--envs_per_actor"].startswith("| `--envs_per_actor` | `1` |")
 
 
 def test_replay_ratio_must_be_positive(capsys):

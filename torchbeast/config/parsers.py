@@ -47,13 +47,15 @@ def make_learner_parser(description: str | None = None) -> argparse.ArgumentPars
     parser = make_runtime_parser("poly", description)
     envs_per_stream = PolyEnvSettings.__dataclass_fields__["envs_per_stream"].default
     parser.set_defaults(envs_per_actor=envs_per_stream)
+    helps = {
+        "env": "Gymnasium environment id (default: the checkpoint's when resuming, else the "
+        "one the first env stream says; a stream of another is refused).",
+        "envs_per_actor": "(new) Environments each env stream steps: polybeast_env's "
+        f"--envs_per_stream (default: {envs_per_stream}, as there); with --num_actors it "
+        "sizes the learner's batch.",
+    }
     for action in parser._actions:
-        if action.dest == "envs_per_actor":
-            action.help = (
-                "(new) Environments each env stream steps: polybeast_env's --envs_per_stream "
-                f"(default: {envs_per_stream}, as there); with --num_actors it sizes the "
-                "learner's batch."
-            )
+        action.help = helps.get(action.dest, action.help)
     return parser
 
 

@@ -42,11 +42,27 @@ def shared_flags() -> frozenset[str]:
     return frozenset(action.dest for action in make_parser()._actions)
 
 
+def flags_that_differ(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """The flags of the first table whose default or help ``parser`` gives otherwise."""
+    base = {action.dest: action for action in make_parser()._actions}
+    return frozenset(
+        action.dest
+        for action in parser._actions
+        if action.dest in base
+        and (action.default, action.help) != (base[action.dest].default, base[action.dest].help)
+    )
+
+
 def poly_reference() -> str:
-    learner = markdown_reference(make_learner_parser(""), exclude=shared_flags())
+    parser = make_learner_parser("")
+    learner = markdown_reference(parser, exclude=shared_flags())
+    every = frozenset(action.dest for action in parser._actions)
+    own = markdown_reference(parser, exclude=every - flags_that_differ(parser))
     env = markdown_reference(make_env_parser())
     return (
         f"`polybeast` and `polybeast_learner`, besides the flags above:\n\n{learner}\n\n"
+        "`polybeast_learner` (its environments are someone else's), where it differs from "
+        f"the first table:\n\n{own}\n\n"
         f"`polybeast_env`:\n\n{env}"
     )
 
