@@ -362,3 +362,32 @@ def test_label_names_each_run_in_the_order_given(tmp_path, capsys):
     labels = ["--label", "seed 1", "--label", "seed 2"]
     assert plot.main([str(first), str(second), *labels, "--out", str(out)]) == 0
     assert_is_png_figure(out)
+
+
+def test_lightlog_refuses_to_write_over_the_log_it_reads_and_says_each_error_in_one_line(
+    tmp_path, capsys
+):
+    from torchbeast import lightlog
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "logs.csv").write_text("# step,mean_episode_return\n5,1\n10,3\n")
+    before = (run / "logs.csv").read_bytes()
+    cases = [
+        ([str(run), str(run / "logs.csv")], "is the log being read: give the light log another"),
+        (
+            [str(tmp_path / "nothing"), str(tmp_path / "a.csv")],
+            "does not exist: pass a run's folder",
+        ),
+        ([str(run), str(tmp_path / "no" / "such" / "a.csv")], "cannot write"),
+        ([str(run), str(tmp_path)], "cannot write"),  # a folder
+    ]
+    for argv, fragment in cases:
+        assert lightlog.main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and fragment in err[0], err
+    assert (run / "logs.csv").read_bytes() == before
+    (tmp_path / "cut.csv.gz").write_bytes(gzip.compress(before)[:-12])
+    assert lightlog.main([str(tmp_path / "cut.csv.gz"), str(tmp_path / "a.csv")]) == 2
+    assert "is cut short" in capsys.readouterr().err
+    assert lightlog.main([str(run), str(tmp_path / "a.csv")]) == 0  # and a good one works

@@ -66,6 +66,42 @@ def read_logs(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     }
 
 
+class LogsError(Exception):
+    """A logs file that cannot be read as one, said in one line with what to do."""
+
+
+def read_logs_checked(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """``read_logs`` of a logs file or a run folder, with each way it can fail said in one
+    line (``LogsError``): no such file, not text, not gzip, cut short, a bad row, no step
+    column, no rows."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        path = path / LOGS_NAME
+    if not path.is_file():
+        raise LogsError(
+            f"{path} does not exist: pass a run's folder or its {LOGS_NAME} (a run writes "
+            "it at its first update)"
+        )
+    try:
+        logs = read_logs(path)
+    except UnicodeDecodeError:
+        raise LogsError(f"{path} is not a text file: pass a torchbeast {LOGS_NAME}") from None
+    except EOFError:
+        raise LogsError(f"{path} is cut short (an incomplete gzip file): copy it again") from None
+    except ValueError as e:
+        raise LogsError(f"cannot read {e}: fix or remove that line") from None
+    except OSError as e:
+        raise LogsError(f"cannot read {path}: {e.strerror or e}") from None
+    if "step" not in logs:
+        raise LogsError(f"{path} has no 'step' column: pass a torchbeast {LOGS_NAME}")
+    if logs["step"].size == 0:
+        raise LogsError(
+            f"{path} has no rows yet: wait for the first learner update, "
+            "or check that training is running"
+        )
+    return logs
+
+
 def load_logs(path: str | os.PathLike[str]):
     """A run's ``logs.csv`` (its folder, or a gzipped copy) as a pandas DataFrame: one
     row per update, numbers as floats, the ``# `` headers of a resumed run read as

@@ -25,12 +25,20 @@ from __future__ import annotations
 import argparse
 import gzip
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from torchbeast.config.values import positive_int
-from torchbeast.curves import LAST_100_COLUMN, RETURN_WINDOW, last_episodes_mean, read_logs
+from torchbeast.curves import (
+    LAST_100_COLUMN,
+    LOGS_NAME,
+    RETURN_WINDOW,
+    LogsError,
+    last_episodes_mean,
+    read_logs_checked,
+)
 
 # Columns taken from a span's last row: its place, and the running figures (the mean of
 # the last 100 episodes is the console's figure at that row already).
@@ -115,18 +123,33 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
-    full = read_logs(args.logs)
     try:
-        light = thin(full, args.every_steps)
-    except ValueError as error:
-        parser.exit(2, f"lightlog: error: {args.logs}: {error}\n")
-    write_logs(light, args.out)
-    size = Path(args.out).stat().st_size
+        full = read_logs_checked(args.logs)
+        source = Path(args.logs).expanduser()
+        source = source / LOGS_NAME if source.is_dir() else source
+        out = Path(args.out).expanduser()
+        if out.exists() and out.resolve() == source.resolve():
+            raise LogsError(f"{args.out} is the log being read: give the light log another path")
+        try:
+            light = thin(full, args.every_steps)
+        except ValueError as error:
+            raise LogsError(f"{args.logs}: {error}") from None
+        try:
+            write_logs(light, out)
+        except OSError as error:
+            raise LogsError(
+                f"cannot write {args.out}: {error.strerror or error}; give a writable path"
+            ) from None
+    except LogsError as error:
+        print(f"lightlog: error: {error}", file=sys.stderr)
+        return 2
+    size = out.stat().st_size
     print(f"{args.out}: {light['step'].size} rows from {full['step'].size}, {size / 1024:.0f} KiB")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -32,8 +32,9 @@ from matplotlib.figure import Figure
 
 from torchbeast.curves import (
     LOGS_NAME,
+    LogsError,
     column_curve,
-    read_logs,
+    read_logs_checked,
     return_last_100_curve,
     smooth,
     sps_curve,
@@ -163,23 +164,9 @@ def _load(run: Run) -> dict[str, np.ndarray]:
             f"python -m torchbeast.monobeast --xpid {run.label}, or pass the run's folder"
         )
     try:
-        logs = read_logs(run.logs_path)
-    except UnicodeDecodeError:
-        raise PlotError(
-            f"{run.logs_path} is not a text file: pass a torchbeast {LOGS_NAME}"
-        ) from None
-    except ValueError as e:
-        raise PlotError(f"cannot read {e}: fix or remove that line") from None
-    except OSError as e:
-        raise PlotError(f"cannot read {run.logs_path}: {e.strerror or e}") from None
-    if "step" not in logs:
-        raise PlotError(f"{run.logs_path} has no 'step' column: pass a torchbeast {LOGS_NAME}")
-    if logs["step"].size == 0:
-        raise PlotError(
-            f"{run.logs_path} has no rows yet: wait for the first learner update, "
-            "or check that training is running"
-        )
-    return logs
+        return read_logs_checked(run.logs_path)
+    except LogsError as e:
+        raise PlotError(str(e)) from None
 
 
 def _parser() -> argparse.ArgumentParser:
