@@ -353,6 +353,29 @@ def test_tls_with_a_self_signed_certificate(tmp_path, processes):
     assert learner.wait(timeout=120) == 0, text(learner_log)
 
 
+def test_tls_files_that_are_missing_or_not_pem_are_one_line_at_either_end(tmp_path):
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    address = f"127.0.0.1:{free_port()}"
+    cases = [
+        (["torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
+          "--clients_per_process", "2", "--tls_ca", str(tmp_path / "missing.pem")],
+         "cannot read --tls_ca"),
+        (["torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
+          "--tls_ca", str(junk)], "--tls_ca " + str(junk) + " is not a PEM file"),
+        (["torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--tls_cert",
+          str(junk), "--tls_key", str(junk), "--savedir", str(tmp_path), "--xpid", "r"],
+         "is not a PEM file"),
+    ]  # fmt: skip
+    for command, fragment in cases:
+        result = subprocess.run(
+            [sys.executable, "-m", *command], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 1, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and fragment in lines[0], result.stderr
+
+
 # --------------------------------------------------------------------------- refusals
 
 

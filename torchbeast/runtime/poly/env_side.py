@@ -156,7 +156,12 @@ def run_client(
 
     Its envs' seeds follow from ``--seed`` and its place among the ``--num_servers``
     processes of ``--clients_per_process`` clients, so a seeded run can be reproduced."""
-    channel = network.create_channel(settings.network, settings.connect)
+    try:
+        channel = network.create_channel(settings.network, settings.connect)
+    except network.NetworkError as error:  # e.g. an unreadable --tls_ca: one line, exit 1
+        failures.append(str(error))
+        stop.set()
+        return
     stub = pb_grpc.LearnerStub(channel)
     backoff = 0.1
     for session in itertools.count():

@@ -57,11 +57,19 @@ def is_local_address(address: str) -> bool:
 
 
 def _read(path: str, what: str) -> bytes:
+    """A PEM file's bytes (gRPC would refuse another kind only in its own log lines, and
+    then retry or fail to listen with a misleading reason)."""
     try:
         with open(os.path.expanduser(path), "rb") as f:
-            return f.read()
+            pem = f.read()
     except OSError as error:
         raise NetworkError(f"cannot read {what} {path}: {error.strerror}") from None
+    if b"-----BEGIN " not in pem:
+        raise NetworkError(
+            f"{what} {path} is not a PEM file (no -----BEGIN line): give the PEM certificate "
+            "or key (openssl x509 -in FILE -outform PEM converts a DER one)"
+        )
+    return pem
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
