@@ -283,6 +283,10 @@ def test_original_readme_test_mode_command_line_parses():
         (["--discounting", "1.5"], "--discounting"),
         (["--discounting", "-0.1"], "--discounting"),
         (["--learning_rate", "0"], "--learning_rate"),
+        (["--learning_rate", "inf"], "--learning_rate"),
+        (["--learning_rate", "1e39"], "--learning_rate"),  # beyond float32
+        (["--entropy_cost", "inf"], "--entropy_cost"),
+        (["--checkpoint_interval", "inf"], "--checkpoint_interval"),
         (["--epsilon", "0"], "--epsilon"),
         (["--alpha", "2"], "--alpha"),
         (["--entropy_cost", "-1"], "--entropy_cost"),

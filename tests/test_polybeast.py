@@ -14,6 +14,7 @@ import time
 import grpc
 import numpy as np
 import pytest
+import torch
 
 from tests.test_monobeast import STOPPED_BY_SIGTERM, actor_pids, processes_in_group, read_rows
 from tests.test_riverraid import assert_fuel_proxy_logged, steer_right
@@ -351,6 +352,41 @@ def test_tls_with_a_self_signed_certificate(tmp_path, processes):
             list(call)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     assert learner.wait(timeout=120) == 0, text(learner_log)
+
+
+@pytest.mark.parametrize(
+    "entry_point, epochs, said",
+    [
+        # Two passes: the second sees what the first step did and undoes it, so no update
+        # is ever applied; PolyBeast would drop every batch (a peer's data, it assumes).
+        ("polybeast", "2", "none of the first 100 batches could be learnt from"),
+        # One pass: the update is applied and breaks the weights, which are never saved.
+        ("polybeast", "1", "the model's weights became non-finite"),
+        # The actors get the broken weights before the learner's next loss says so.
+        ("monobeast", "1", "the policy's outputs are non-finite"),
+    ],
+)
+def test_an_absurd_learning_rate_stops_the_run_and_broken_weights_are_never_saved(
+    tmp_path, sockets, entry_point, epochs, said
+):
+    # 3e38 passes the check (a float32), but its first step makes the weights infinite.
+    command = [sys.executable, "-m", f"torchbeast.{entry_point}", *LEARNER, "--num_actors", "2"]
+    command += ["--learning_rate", "3e38", "--epochs", epochs, "--total_steps", "100000"]
+    command += ["--savedir", str(tmp_path), "--xpid", "run", "--checkpoint_interval", "0.2"]
+    if entry_point == "polybeast":
+        command += ["--num_servers", "1", "--pipes_basename", f"unix:{sockets}/env"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 1, result.stdout[-3000:]
+    # (The env servers' own log lines go to stderr: the error is the one line besides.)
+    lines = [line for line in result.stderr.strip().splitlines() if "[INFO:" not in line]
+    assert len(lines) == 1 and said in lines[0], lines
+    assert "lower --learning_rate" in lines[0].lower(), lines
+    if epochs == "1":
+        assert "Not saving the checkpoint: the model's weights are non-finite" in result.stdout
+    saved = tmp_path / "run" / "model.tar"
+    if saved.exists():  # one written before the weights broke, whole and finite
+        state = torch.load(saved, weights_only=True)["model_state_dict"]
+        assert all(torch.isfinite(tensor).all() for tensor in state.values())
 
 
 def test_tls_files_that_are_missing_or_not_pem_are_one_line_at_either_end(tmp_path):

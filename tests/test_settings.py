@@ -181,7 +181,7 @@ def test_a_declared_check_refuses_what_the_flag_refuses(capsys):
     for argv, rule in [
         (["--batch_size", "0"], "must be a positive integer"),
         (["--discounting", "1.5"], "must be in [0, 1]"),
-        (["--entropy_cost", "-1"], "must be >= 0"),
+        (["--entropy_cost", "-1"], "must be a finite number >= 0"),
         (["--fuel_multiplier", "nan"], "must be a finite number"),
         (["--optimizer", "sgd"], "invalid choice"),
     ]:

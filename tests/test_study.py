@@ -160,7 +160,8 @@ def test_a_cell_that_fails_is_recorded_and_the_others_go_on(tmp_path):
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: 1 of 2 cells failed: learning_rate--1.0")
     failed, finished = table(tmp_path)
-    assert failed["status"] == "failed" and "learning_rate = -1.0: must be > 0" in failed["error"]
+    assert failed["status"] == "failed"
+    assert "learning_rate = -1.0: must be a finite number > 0" in failed["error"]
     assert finished["status"] == "finished" and finished["eval_return"]
 
 

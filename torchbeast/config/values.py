@@ -20,17 +20,24 @@ def nonnegative_int(text: str) -> int:
     return value
 
 
+# The largest float32: rates, costs and limits meet float32 tensors (PyTorch refuses a
+# larger scalar with a traceback deep in the optimizer).
+LARGEST = 3.4028234663852886e38
+
+
 def nonnegative_float(text: str) -> float:
     value = float(text)
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    if not 0 <= value <= LARGEST:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
 
 
 def positive_float(text: str) -> float:
+    """A finite number > 0 (an infinite rate or cost makes every loss non-finite; a
+    user who means "no limit" gives a large number)."""
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not 0 < value <= LARGEST:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
 

@@ -251,7 +251,15 @@ class Agent(nn.Module):
         ``generator``, else the default one), the most likely in eval mode."""
         if self.training:
             probabilities = F.softmax(policy_logits, dim=1)
-            return torch.multinomial(probabilities, num_samples=1, generator=generator)[:, 0]
+            try:
+                return torch.multinomial(probabilities, num_samples=1, generator=generator)[:, 0]
+            except RuntimeError:  # only after the fact: no check on the way of every step
+                if torch.isfinite(policy_logits).all():
+                    raise
+                raise RuntimeError(
+                    "the policy's outputs are non-finite: its weights broke (an update too "
+                    "large: lower --learning_rate) or an observation is too large"
+                ) from None
         return torch.argmax(policy_logits, dim=1)
 
 

@@ -173,6 +173,12 @@ class RunCheckpoint:
         if self.run.disable_checkpoint:
             return
         with self.learner.lock:
+            if not self.learner.weights_are_finite():  # the last good checkpoint stays
+                log.warning(
+                    "Not saving the checkpoint: the model's weights are non-finite (%s stays).",
+                    self.on_disk(),
+                )
+                return
             state = self.learner.state_dict()
             state.update(
                 flags=self.run.recorded_flags(self.env_spec.env_id),

@@ -54,6 +54,13 @@ class TrainingError(UserError, RuntimeError):
     """Training cannot go on; the message names the cause."""
 
 
+# PolyBeast drops a batch whose loss is non-finite (a peer's data must not stop the run);
+# where this many in a row fail before any update of the run's start was applied, the
+# learner's own settings are the likelier cause (an absurd rate): the run stops, having
+# learnt nothing it could lose. Once an update was applied, drops never stop it.
+DROPS_BEFORE_LEARNING_LIMIT = 100
+
+
 class Trainer:
     """Wires learner, actors, logging and checkpoints together for one training run.
 
@@ -128,6 +135,8 @@ class Trainer:
         self.stop_requested = threading.Event()
         self.failure: BaseException | None = None  # the first, which the run says
         self.failure_lock = threading.Lock()
+        # Batches dropped (drops_bad_batches) before this start's first applied update.
+        self.drops_before_learning: int | None = 0  # None once an update was applied
         # Updates (and logging them, so that logs.csv keeps step order) one at a time.
         self.update_lock = threading.Lock()
         # Wall-clock seconds spent in updates (and logging them), and when the update under
@@ -191,6 +200,7 @@ class Trainer:
                     self.updating = (self.updating[0], started)
                     try:
                         stats = self.learner.learn(batch, core_state, num_online)
+                        self.drops_before_learning = None
                         self.progress.record(stats, episode_returns, episode_extras)
                         writer.log(stats | self.progress.figures())
                     except NonFiniteLossError as error:
@@ -224,6 +234,20 @@ class Trainer:
             error,
             pool.describe_sources(culprits or sources),
         )
+        if self.drops_before_learning is not None:
+            self.drops_before_learning += 1
+            if self.drops_before_learning >= DROPS_BEFORE_LEARNING_LIMIT:
+                raise NonFiniteLossError(
+                    f"none of the first {DROPS_BEFORE_LEARNING_LIMIT} batches could be "
+                    f"learnt from: each made the loss non-finite (the last: {error}). Lower "
+                    "--learning_rate (or the costs), or check the environments"
+                ) from error
+        if not self.learner.weights_are_finite():  # no batch can be learnt from: stop
+            raise NonFiniteLossError(
+                f"the model's weights became non-finite before step {self.learner.step} (an "
+                "update too large); every batch now makes the loss non-finite. Lower "
+                "--learning_rate, and start again from a checkpoint saved before (or anew)"
+            ) from error
         if culprits:
             closed = pool.close_streams(
                 {source[0] for source in culprits}, "its rollouts made the loss non-finite"

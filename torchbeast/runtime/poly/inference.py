@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from torchbeast.config.poly import PolySettings
+from torchbeast.core.learner import NonFiniteLossError
 from torchbeast.core.models import CoreState, create_model, sampling_generator
 from torchbeast.core.spec import EnvSpec
 from torchbeast.core.weights import copy_weights
@@ -80,6 +81,13 @@ class StreamInference:
         finite = torch.isfinite(logits.sum(dim=1) + outputs["baseline"][0])  # [N]
         all_finite = bool(finite.all())
         if not all_finite:  # rare: sample the good rows; the others fail their stream
+            with self.lock:
+                weights_finite = all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+            if not weights_finite:  # the learner's own doing, not the streams': stop the run
+                raise NonFiniteLossError(
+                    "the model's weights became non-finite (an update too large), so every "
+                    "stream's outputs are. Lower --learning_rate"
+                )
             logits = torch.where(finite[:, None], logits, 0.0)
         probabilities = torch.softmax(logits, dim=1)
         outputs["action"] = torch.multinomial(probabilities, 1, generator=self.generator).view(

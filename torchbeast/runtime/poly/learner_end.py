@@ -31,6 +31,7 @@ import grpc
 from torch import nn
 
 from torchbeast.config.settings import Settings
+from torchbeast.core.learner import NonFiniteLossError
 from torchbeast.core.rollout import rollout_bytes
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import codec, network
@@ -282,6 +283,10 @@ class PolyActorPool(Pool):
             yield from self.rollouts.act(messages, stream, spec, num_envs)
         except (grpc.RpcError, codec.ProtocolError, Closed, OverBudget):
             raise  # the stream's own end; the caller closes it with the right status
+        except NonFiniteLossError as error:  # the learner's weights broke: one line, stop
+            with self.lock:
+                self.fail(f"stopped: {error}")
+            raise Closed("the learner is stopping") from None
         except Exception as error:  # a learner-side failure (e.g. in inference): stop the run
             with self.lock:
                 first = self.error is None
