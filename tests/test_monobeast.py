@@ -210,6 +210,12 @@ def test_test_mode_with_another_model_is_one_clear_error(tmp_path):
     assert_one_error_line(result, "use_lstm")
 
 
+def test_a_savedir_that_is_a_file_is_one_line_naming_the_flag(tmp_path):
+    (tmp_path / "afile").write_text("")
+    result = monobeast(tmp_path / "afile", *SMALL_RUN, "--total_steps", "200", "--xpid", "r")
+    assert_one_error_line(result, "Not a directory", "--savedir (a study's savedir) must be a")
+
+
 def test_unknown_env_is_one_clear_error(tmp_path):
     result = monobeast(tmp_path, "--env", "NoSuchGame-v9", "--xpid", "run")
     assert_one_error_line(result, "NoSuchGame-v9", "python -m torchbeast.envs")

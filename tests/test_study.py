@@ -351,7 +351,8 @@ def test_a_savedir_under_a_regular_file_is_one_error_line(tmp_path):
     done = run_study(path)
     assert done.returncode == 1
     folder = tmp_path / "file" / "grid"
-    assert done.stderr == f"error: [Errno 20] Not a directory: '{folder}'\n"
+    assert done.stderr.startswith(f"error: Not a directory: {folder}. Check the path: --savedir")
+    assert len(done.stderr.splitlines()) == 1
 
 
 def test_a_cell_whose_folder_cannot_be_written_fails_and_the_others_go_on(tmp_path):

@@ -11,7 +11,7 @@ import gymnasium as gym
 from torchbeast import video
 from torchbeast.config.flags import parse_flags_and_sources
 from torchbeast.config.settings import Settings, build_settings
-from torchbeast.core.errors import UserError
+from torchbeast.core.errors import UserError, os_error_line
 from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.registry import RUNTIMES
 from torchbeast.runtime.supervision import Stopped, sigterm_handled
@@ -37,7 +37,7 @@ def report_errors(body: Callable[[], object]) -> int:
         )
         return 1
     except OSError as error:  # e.g. an unwritable --savedir, or a full disk
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {os_error_line(error)}", file=sys.stderr)
         return 1
     except Stopped as stopped:  # by a signal, before the run's end
         print(stopped.message, file=sys.stderr)

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Protocol
 
 from torchbeast.config.resolvers import default_layout, expand_savedir
+from torchbeast.core.errors import os_error_line
 from torchbeast.curves import read_logs, return_last_100_curve
 from torchbeast.runtime.processes import child_dies_with_parent
 from torchbeast.runtime.registry import RUNTIMES
@@ -633,8 +634,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, raise_interrupt)  # a scheduler's stop, as Ctrl-C's
     try:
         study, rows = run_study(args)
-    except (StudyError, OSError) as error:  # OSError: e.g. savedir under a file, a full disk
+    except StudyError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:  # e.g. savedir under a file, a full disk
+        print(f"error: {os_error_line(error)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("stopped: run the same command to go on; finished cells are kept", file=sys.stderr)

@@ -52,3 +52,13 @@ def write_failure(error: BaseException) -> str:
     if cause is not None and cause.strerror:
         return cause.strerror
     return shown(str(error).strip().splitlines()[0] if str(error).strip() else repr(error))
+
+
+def os_error_line(error: OSError) -> str:
+    """An OSError as one line that names the path and what to check."""
+    if not error.filename:
+        return str(error)
+    return (
+        f"{error.strerror or error}: {error.filename}. Check the path: --savedir (a study's "
+        "savedir) must be a folder this user can write or create, and a file named must exist"
+    )
