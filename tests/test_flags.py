@@ -280,6 +280,7 @@ def test_original_readme_test_mode_command_line_parses():
         (["--fuel_multiplier", "nan"], "--fuel_multiplier"),
         (["--move_penalty", "inf"], "--move_penalty"),
         (["--seed", "-1"], "--seed"),
+        (["--seed", str(2**64)], "--seed"),  # torch's seed overflowed in a traceback
         (["--discounting", "1.5"], "--discounting"),
         (["--discounting", "-0.1"], "--discounting"),
         (["--learning_rate", "0"], "--learning_rate"),

@@ -24,6 +24,7 @@ VALUE_TYPES = {
     (int, None): int,
     (int, "positive"): values.positive_int,
     (int, "nonnegative"): values.nonnegative_int,
+    (int, "seed"): values.seed_int,
     (float, None): float,
     (float, "positive"): values.positive_float,
     (float, "nonnegative"): values.nonnegative_float,

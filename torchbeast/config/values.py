@@ -25,6 +25,16 @@ def nonnegative_int(text: str) -> int:
 LARGEST = 3.4028234663852886e38
 
 
+SEED_LIMIT = 2**32  # seeds below it suit every generator a run seeds (torch, numpy, envs)
+
+
+def seed_int(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, {SEED_LIMIT - 1}], got {text}")
+    return value
+
+
 def nonnegative_float(text: str) -> float:
     value = float(text)
     if not 0 <= value <= LARGEST:  # also refuses nan

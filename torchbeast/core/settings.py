@@ -24,7 +24,7 @@ TEST_AND_EVAL = "Test and eval modes"
 LOSS = "Loss"
 OPTIMIZER = "Optimizer"
 
-CHECKS = ("positive", "nonnegative", "unit", "finite")
+CHECKS = ("positive", "nonnegative", "unit", "finite", "seed")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ class EnvSettings:
         None,
         "(new) Seed for the environments and the model (default: drawn at random in "
         "training, and recorded in meta.json and the log, so that a run can be repeated).",
-        check="nonnegative",
+        check="seed",
     )
     options: tuple[tuple[str, object], ...] | Mapping[str, object] = ()
 
