@@ -173,6 +173,18 @@ def test_a_study_never_writes_into_another_studys_folder(tmp_path):
     assert [row["cell"] for row in table(tmp_path)] == ["hidden_size-16"]
 
 
+def test_a_damaged_study_json_is_one_line_and_is_left_as_it_is(tmp_path):
+    from torchbeast.study import SPEC_NAME, StudyError, claim_folder, read_study
+
+    study = read_study(write_study(tmp_path, "seed = [1]"))
+    study.folder.mkdir(parents=True)
+    for damaged in ("", "{not json", "[1, 2]"):
+        (study.folder / SPEC_NAME).write_text(damaged)
+        with pytest.raises(StudyError, match=f"{SPEC_NAME} is damaged, so which study"):
+            claim_folder(study)
+        assert (study.folder / SPEC_NAME).read_text() == damaged
+
+
 # Two Ray nodes on this machine, as Ray's own tests start clusters; this program prints
 # the head's address, and shuts the cluster down when its stdin closes.
 TWO_NODE_CLUSTER = """

@@ -391,7 +391,13 @@ def claim_folder(study: Study) -> None:
     folder = study.folder
     spec_path = folder / SPEC_NAME
     if spec_path.exists():
-        recorded = json.loads(spec_path.read_text()).get("study")
+        try:
+            recorded = json.loads(spec_path.read_text()).get("study")
+        except (ValueError, AttributeError, UnicodeDecodeError):  # not JSON, or not ours
+            raise StudyError(
+                f"{spec_path} is damaged, so which study {folder} holds cannot be told: "
+                "restore it (a copy of it), or give this study another name or savedir"
+            ) from None
         if recorded != json.loads(json.dumps(study.spec())):
             raise StudyError(
                 f"{folder} holds another study (its {SPEC_NAME} has other flags or axes): "
