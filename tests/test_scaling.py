@@ -110,9 +110,23 @@ def test_asking_for_cuda_without_it_is_one_clear_error():
     command = [sys.executable, "-m", "torchbeast.scaling", "--devices", "cuda", *SMALL]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    assert result.stdout.strip().splitlines() == [
+    assert result.stderr.strip().splitlines() == [
         "error: --devices cuda, but PyTorch sees no CUDA device: use --devices cpu"
     ]
+
+
+@pytest.mark.parametrize("entry_point", ["scaling", "bench"])
+def test_a_json_path_that_cannot_be_written_is_refused_before_measuring(tmp_path, entry_point):
+    for path, said in [
+        (tmp_path / "no" / "rows.json", "no folder"),
+        (tmp_path, "is a folder"),
+    ]:
+        command = [sys.executable, "-m", f"torchbeast.{entry_point}", *SMALL, "--json", str(path)]
+        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2, result.stdout[-2000:]
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: --json") and said in lines[0]
+        assert "steady-state SPS" not in result.stdout  # nothing was measured
 
 
 def test_rows_with_central_inference_get_a_table_of_what_its_thread_did():

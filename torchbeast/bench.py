@@ -40,6 +40,7 @@ from torchbeast.cli import report_errors
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.parsers import make_bench_parser
 from torchbeast.config.settings import build_settings
+from torchbeast.core.errors import unwritable
 from torchbeast.core.precision import dtype_name
 from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.mono_inference import PASS_PARTS
@@ -264,6 +265,9 @@ def in_folder(flags: argparse.Namespace, folder: str) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     flags = parse_flags(argv, make_bench_parser(list(RUNTIMES)))
+    if flags.json and (problem := unwritable(flags.json, "--json")):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     setup_console_logging(flags.suppress_logs)
     result: dict = {}
     trainer: Trainer | None = None

@@ -31,6 +31,7 @@ from torchbeast.config.layers import DEFAULT, parse_in_layers
 from torchbeast.config.parsers import make_bench_parser, make_mono_parser
 from torchbeast.config.resolvers import default_layout, grown_batch
 from torchbeast.config.values import nonnegative_int, positive_int
+from torchbeast.core.errors import unwritable
 from torchbeast.runtime.registry import RUNTIMES
 
 # The training recipe's learner, which the one-step benchmark leaves at the original's.
@@ -209,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     layouts = flags.layouts or default_layouts(cores)
     devices = flags.devices or (["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"])
     if "cuda" in devices and not torch.cuda.is_available():
-        print("error: --devices cuda, but PyTorch sees no CUDA device: use --devices cpu")
+        print("error: --devices cuda, but PyTorch sees no CUDA device: use --devices cpu",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if flags.json and (problem := unwritable(flags.json, "--json")):
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     recipe = " ".join(recipe_arguments(passed=passed))
     if not set_elsewhere(passed) & GROWTH_KEEPERS:

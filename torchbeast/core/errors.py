@@ -3,6 +3,8 @@ one line and exit with status 1, whatever part of the program raised it."""
 
 from __future__ import annotations
 
+import os
+
 
 class UserError(Exception):
     """A problem the user must fix (a flag, a file, an address); the message says how."""
@@ -52,6 +54,19 @@ def write_failure(error: BaseException) -> str:
     if cause is not None and cause.strerror:
         return cause.strerror
     return shown(str(error).strip().splitlines()[0] if str(error).strip() else repr(error))
+
+
+def unwritable(path: str, flag: str) -> str | None:
+    """Why the file ``path`` (given with ``flag``) could not be written, before minutes
+    of work would end in the attempt; None where it can be."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"{flag} {path} is a folder: give a file's path"
+    if not os.path.isdir(folder):
+        return f"{flag} {path}: no folder {folder}: create it, or give another path"
+    if not os.access(folder, os.W_OK):
+        return f"{flag} {path}: the folder {folder} cannot be written: give another path"
+    return None
 
 
 def os_error_line(error: OSError) -> str:
