@@ -435,7 +435,38 @@ def test_env_servers_that_name_no_address_are_refused_in_one_line(capsys, server
     # A learner given none dialled no server and failed with a ZeroDivisionError.
     with pytest.raises(SystemExit):
         flags.parse_flags(["--env_servers", servers], make_learner_parser(""))
-    assert f"--env_servers {servers!r} names no address: give host:port" in capsys.readouterr().err
+    assert "--env_servers names no address: give host:port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--serve", "127.0.0.1:99999"], "--serve '127.0.0.1:99999' has no port in 1-65535"),
+        (["--serve", "127.0.0.1:abc"], "has no port in 1-65535 ('abc')"),
+        (["--serve", "unix:"], "unix: names no socket path"),
+        (["--serve", "notanaddress"], "is not host:port or unix:PATH"),
+        (["--env_servers", "127.0.0.1:4431,:4432"], "':4432' is not host:port"),
+    ],
+)
+def test_an_address_grpc_would_misread_is_refused_in_one_line(capsys, argv, said):
+    # gRPC served port 99999 as 34463 where the clients dialled 99999, and dialled a
+    # malformed address forever.
+    with pytest.raises(SystemExit):
+        flags.parse_flags(argv, make_learner_parser(""))
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_polybeast_env_refuses_an_address_grpc_would_misread(capsys):
+    from torchbeast import polybeast_env
+
+    for argv, said in [
+        (["--connect", "127.0.0.1:0"], "--connect '127.0.0.1:0' has no port"),
+        (["--env_servers", ",,"], "--env_servers names no address"),
+    ]:
+        with pytest.raises(SystemExit):
+            polybeast_env.main(["--env", "CartPole-v1", *argv])
+        assert said in capsys.readouterr().err
 
 
 def test_values_from_a_config_file_keep_their_source_where_a_resolver_hands_them_back(tmp_path):

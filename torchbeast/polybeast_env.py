@@ -14,11 +14,14 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here: each env process is spawned, which re-imports this module before
     # the process can guard itself against outliving this one (processes.guarded_main).
     from torchbeast.config.parsers import make_env_parser
-    from torchbeast.config.poly import poly_env_settings
+    from torchbeast.config.poly import addresses_of, check_addresses, poly_env_settings
     from torchbeast.envs import EnvError
     from torchbeast.runtime.poly.env_side import run_processes
 
-    settings = poly_env_settings(make_env_parser().parse_args(argv))
+    parser = make_env_parser()
+    flags = parser.parse_args(argv)
+    check_addresses(parser, addresses_of(flags))
+    settings = poly_env_settings(flags)
     try:
         return run_processes(settings)
     except EnvError as error:

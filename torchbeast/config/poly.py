@@ -133,6 +133,51 @@ class PolySettings:
     )
 
 
+def address_problem(address: str) -> str | None:
+    """What makes ``address`` no gRPC address of ours (host:port with a port in 1-65535,
+    or unix:PATH); None for a good one. (gRPC takes port 99999 as 99999 mod 65536, and
+    dials a malformed address forever.)"""
+    if address.startswith("unix:"):
+        return None if address[len("unix:") :].strip() else "unix: names no socket path"
+    host, colon, port = address.rpartition(":")
+    if not colon or not host:
+        return "is not host:port or unix:PATH"
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"has no port in 1-65535 ({port!r})"
+    return None
+
+
+def check_addresses(parser: argparse.ArgumentParser, named: dict[str, list[str]]) -> None:
+    """Refuses, in one line, the first address of ``named`` (flag -> its addresses) that
+    is no address, or a flag that names none."""
+    for flag_name, addresses in named.items():
+        if not addresses:
+            parser.error(
+                f"{flag_name} names no address: give host:port or unix:PATH addresses, "
+                "comma-separated, or leave it out"
+            )
+        for address in addresses:
+            problem = address_problem(address)
+            if problem:
+                parser.error(
+                    f"{flag_name} {address!r} {problem}: e.g. 127.0.0.1:4431 or unix:/tmp/x"
+                )
+
+
+def addresses_of(flags: argparse.Namespace) -> dict[str, list[str]]:
+    """The addresses the flags give, by the flag that gives them (--connect, --serve, and
+    the env servers' --env_servers or --pipes_basename)."""
+    named: dict[str, list[str]] = {}
+    for name in ("serve", "connect"):
+        if getattr(flags, name, None) is not None:
+            named[f"--{name}"] = [getattr(flags, name)]
+    if flags.env_servers is not None:
+        named["--env_servers"] = [a.strip() for a in flags.env_servers.split(",") if a.strip()]
+    else:
+        named["--pipes_basename"] = [f"{flags.pipes_basename}.0"]
+    return named
+
+
 def poly_env_settings(flags: argparse.Namespace) -> PolyEnvSettings:
     """``polybeast_env``'s parsed command line, as its processes take it."""
     return from_flags(PolyEnvSettings, flags, env=env_settings(flags))
@@ -144,11 +189,7 @@ def resolve_learner_flags(
     """The PolyBeast learner's derived defaults: a queue of --batch_size rollouts, and a
     quarter of this machine's memory for the streams' rollout buffers."""
     resolved = {}
-    if flags.env_servers and not any(a.strip() for a in flags.env_servers.split(",")):
-        parser.error(
-            f"--env_servers {flags.env_servers!r} names no address: give host:port or unix:PATH "
-            "addresses, comma-separated, or leave it out"
-        )
+    check_addresses(parser, addresses_of(flags))
     if flags.max_learner_queue_size is None:
         resolved["max_learner_queue_size"] = flags.batch_size
     if flags.stream_memory_mb is None:

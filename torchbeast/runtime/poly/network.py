@@ -105,6 +105,13 @@ def create_server(
     threads and the concurrent streams; more are refused with RESOURCE_EXHAUSTED.
     """
     token = auth_token(settings)
+    if address.startswith("unix:"):  # gRPC would say only that it failed to bind
+        folder = os.path.dirname(os.path.abspath(address[len("unix:") :].removeprefix("//")))
+        if not os.path.isdir(folder):
+            raise NetworkError(
+                f"cannot listen on {address}: no folder {folder}: create it, or give "
+                "another socket path"
+            )
     if not is_local_address(address) and not token:
         raise NetworkError(
             f"{address} listens beyond this machine without a token: set --auth_token "
