@@ -177,6 +177,9 @@ def test_training_again_resumes_from_the_checkpoint(tmp_path):
     assert ticks == list(range(len(rows)))
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert len(meta["dates_resumed"]) == 1 and meta["date_start"] < meta["dates_resumed"][0]
+    # Each start drew its own seed; meta.json keeps both, in order (the flags: this one's).
+    first_seed = re.search(r"Seed: (\d+) \(drawn", first.stdout).group(1)
+    assert meta["seeds"] == [int(first_seed), meta["flags"]["seed"]]
 
     # The same xpid with another environment: one line, and the checkpoint is kept.
     saved = (tmp_path / "run" / "model.tar").read_bytes()

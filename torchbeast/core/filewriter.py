@@ -96,8 +96,11 @@ class FileWriter:
 
         now = datetime.datetime.now().isoformat()
         previous = self._read_previous_meta()
+        # Each start's seed (a start without --seed draws its own: "flags" has this one's).
+        earlier = previous.get("seeds") or [previous.get("flags", {}).get("seed")] * bool(previous)
         self.meta = {
             "flags": dict(flags),
+            "seeds": [*earlier, dict(flags).get("seed")],
             "sources": dict(sources or {}),
             "date_start": previous.get("date_start", now),
             "dates_resumed": previous.get("dates_resumed", []) + ([now] if previous else []),
