@@ -163,6 +163,21 @@ def test_a_missing_config_file_is_one_line(tmp_path):
     assert result.stderr.count("\n") == 1 and "cannot read it" in result.stderr
 
 
+def test_a_config_file_with_a_byte_order_mark_is_read_and_one_in_utf16_is_one_line(
+    tmp_path, capsys
+):
+    text = "learning_rate = 0.001\n"
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(text.encode("utf-8-sig"))  # as some Windows editors save UTF-8
+    assert parse_flags(["--config", str(bom), "--xpid", "x"]).learning_rate == 0.001
+    utf16 = tmp_path / "utf16.toml"
+    utf16.write_bytes(text.encode("utf-16"))
+    with pytest.raises(SystemExit):
+        parse_flags(["--config", str(utf16), "--xpid", "x"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--config {utf16}: not UTF-8 text" in err[0], err
+
+
 # --------------------------------------------------------------------------- command line
 
 

@@ -83,9 +83,13 @@ def read_config_file(path: str, parser: argparse.ArgumentParser) -> dict:
     a wrong key or value stops the parse with one line naming the file and the fix."""
     try:
         with open(path, "rb") as f:
-            table = tomllib.load(f)
+            raw = f.read()
+        # UTF-8, with the byte-order mark some editors write taken as it means.
+        table = tomllib.loads(raw.decode("utf-8-sig"))
     except OSError as error:
         parser.error(f"--config {path}: cannot read it ({error.strerror or error})")
+    except UnicodeDecodeError:
+        parser.error(f"--config {path}: not UTF-8 text (UTF-16?): save it as UTF-8")
     except tomllib.TOMLDecodeError as error:
         parser.error(f"--config {path}: not valid TOML ({error})")
     actions = flag_actions(parser)
