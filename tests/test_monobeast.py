@@ -340,6 +340,12 @@ def test_a_replay_too_large_for_this_machine_is_one_clear_error(tmp_path):
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
+def test_rollouts_too_large_for_this_machine_are_one_clear_error(tmp_path):
+    # They were allocated until the kernel killed the run, with no word (exit 137).
+    result = monobeast(tmp_path, *SMALL_RUN, "--unroll_length", str(10**8), "--xpid", "run")
+    assert_one_error_line(result, "rollouts of --unroll_length 100000000", "lower --unroll")
+
+
 @pytest.mark.parametrize(
     "env, model_flags",
     [

@@ -119,6 +119,7 @@ class Trainer:
             else:
                 self.graph_line = "Updates run eagerly, not as CUDA graphs (--cuda_graphs off)."
         self.progress = Progress(run, self.total_steps, env_spec)
+        check_rollouts_fit(settings, env_spec)
         self.replay: Replay | None = None
         if settings.replay.replay_size > 0:
             check_replay_fits(settings.replay, env_spec, settings.learner.unroll_length)
@@ -468,14 +469,40 @@ class Trainer:
         self.stop_requested.set()
 
 
-def check_replay_fits(replay: ReplaySettings, env_spec: EnvSpec, unroll_length: int) -> None:
-    """Refuses a replay that could never fit in this machine's memory, before training."""
-    per_step = sum(
+def step_bytes(env_spec: EnvSpec, unroll_length: int) -> int:
+    """The bytes one step of a rollout takes (its frame, reward, logits, ...)."""
+    return sum(
         torch.Size(shape[1:]).numel() * dtype.itemsize
         for shape, dtype in rollout_spec(env_spec, unroll_length).values()
     )
+
+
+def machine_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_rollouts_fit(settings: Settings, env_spec: EnvSpec) -> None:
+    """Refuses, before training, rollouts that could never fit in this machine's memory
+    at once: MonoBeast's --num_buffers of them, elsewhere two batches' (the one learnt
+    from and the next); else the run would be killed for memory with no word."""
+    unroll_length = settings.learner.unroll_length
+    held = settings.actors.num_buffers or 2 * settings.learner.batch_size
+    needed = held * (unroll_length + 1) * step_bytes(env_spec, unroll_length)
+    memory = machine_memory()
+    if needed > 0.8 * memory:
+        raise TrainingError(
+            f"{held} rollouts of --unroll_length {unroll_length} (--batch_size "
+            f"{settings.learner.batch_size}, and MonoBeast's --num_buffers) need about "
+            f"{needed / 2**30:.1f} GiB but this machine has {memory / 2**30:.1f} GiB: lower "
+            "--unroll_length or --batch_size"
+        )
+
+
+def check_replay_fits(replay: ReplaySettings, env_spec: EnvSpec, unroll_length: int) -> None:
+    """Refuses a replay that could never fit in this machine's memory, before training."""
+    per_step = step_bytes(env_spec, unroll_length)
     needed = replay.replay_size * per_step
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    memory = machine_memory()
     if needed > 0.8 * memory:
         affordable = int(0.8 * memory / per_step)
         raise TrainingError(
