@@ -306,10 +306,18 @@ def test_torso_flag_picks_the_torso(observation_shape, torso):
 
 
 @pytest.mark.parametrize(
-    "observation_shape, torso", [(VECTOR_SHAPE, "grid"), ((10, 10, 4), "atari")]
+    "observation_shape, torso, fix",
+    [
+        (VECTOR_SHAPE, "grid", "mlp"),
+        (VECTOR_SHAPE, "atari", "mlp"),
+        ((10, 10, 4), "atari", "grid"),  # a MinAtar grid: its own torso, not the MLP
+        ((4, 84, 84), "grid", "atari or resnet"),  # Atari frames: read as a 4x84 grid before
+    ],
 )
-def test_torso_that_cannot_read_the_observations_is_refused_with_the_fix(observation_shape, torso):
-    with pytest.raises(UserError, match=f"--torso {torso} reads .* use --torso mlp"):
+def test_torso_that_cannot_read_the_observations_is_refused_with_the_fix(
+    observation_shape, torso, fix
+):
+    with pytest.raises(UserError, match=f"--torso {torso} reads .* use --torso {fix}$"):
         model_config(ModelSettings(torso=torso), observation_shape)
 
 

@@ -287,15 +287,19 @@ def default_torso(observation_shape: Sequence[int], use_resnet: bool = False) ->
 def check_torso(kind: str, observation_shape: Sequence[int]) -> None:
     """Refuses a torso that cannot read these observations."""
     shape = tuple(observation_shape)
-    if kind in ("atari", "resnet") and not (len(shape) == 3 and min(shape[1:]) >= 36):
+    frames = len(shape) == 3 and min(shape[1:]) >= 36  # [C, H, W], as Atari's
+    grid = len(shape) == 3 and min(shape[:2]) >= 3 and not frames  # [H, W, C], as MinAtar's
+    if kind in ("atari", "resnet") and not frames:
+        other = "grid" if grid else "mlp"
         raise UserError(
             f"--torso {kind} reads [C, H, W] frames of at least 36x36, not observations of "
-            f"shape {shape}: leave out --torso (and --use_resnet) or use --torso mlp"
+            f"shape {shape}: leave out --torso (and --use_resnet) or use --torso {other}"
         )
-    if kind == "grid" and not (len(shape) == 3 and min(shape[:2]) >= 3):
+    if kind == "grid" and not grid:
+        other = "atari or resnet" if frames else "mlp"
         raise UserError(
             f"--torso grid reads [H, W, C] grids of at least 3x3, not observations of "
-            f"shape {shape}: leave out --torso or use --torso mlp"
+            f"shape {shape}: leave out --torso or use --torso {other}"
         )
 
 
