@@ -401,3 +401,14 @@ def test_a_large_seed_stays_within_ales_32_bit_seeds(make_env):
     seed = worker_seed(999_999, worker=7, num_envs=2)  # 999_999 * 100_003 > 2**31 before
     assert 0 <= seed and seed + 2 < 2**31
     env.reset(seed=seed)  # ale-py refused seeds of 2**31 and more
+
+
+def test_listing_envs_with_a_filter_that_matches_none_says_so(capsys):
+    from torchbeast.envs.__main__ import main
+
+    assert main(["CartPole"]) == 0
+    assert "  CartPole-v1\n" in capsys.readouterr().out
+    assert main(["NoSuchGameAnywhere"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("error: no environment id contains 'NoSuchGameAnywhere'")

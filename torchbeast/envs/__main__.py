@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import gymnasium as gym
 
 from torchbeast.config.argparser import FlagParser
@@ -22,7 +24,7 @@ def make_parser() -> FlagParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     candidates = families()
     _register_optional_envs()
@@ -42,7 +44,12 @@ def main(argv: list[str] | None = None) -> None:
         if ids:
             print(f"{family.name}: {family.summary} ({len(ids)})")
             print("".join(f"  {env_id}\n" for env_id in ids), end="")
+    if args.filter and not any(by_family.values()):
+        hidden = "" if args.all else " (--all also lists those it cannot train)"
+        print(f"error: no environment id contains {args.filter!r}{hidden}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
