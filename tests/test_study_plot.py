@@ -69,6 +69,19 @@ def test_asking_for_an_axis_the_study_lacks_is_one_line(tmp_path, capsys):
     assert error == f"error: width is not an axis of the study: its axes are {axes}"
 
 
+def test_figure_paths_must_be_pngs_and_a_heatmap_needs_its_table(tmp_path, capsys):
+    write_study_folder(tmp_path, [row(64, 1.0, 1, 10.0)])
+    for argv, said in [
+        (["--out", str(tmp_path / "x.txt")], "--out " + str(tmp_path / "x.txt") + " must end"),
+        (["--curves", "c.jpg"], "--curves c.jpg must end in .png"),
+        (["--heatmap", "h.png"], "--heatmap draws the --table: give --table DOWN ACROSS"),
+    ]:
+        assert study_plot.main([str(tmp_path), *argv]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and said in err[0], err
+    assert not (tmp_path / "x.txt").exists()
+
+
 def test_a_folder_without_a_study_is_one_line(tmp_path):
     with pytest.raises(StudyError, match="run the study first"):
         study_plot.load_study(str(tmp_path))

@@ -298,6 +298,12 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     try:
+        for flag_name in ("out", "curves", "heatmap"):
+            path = getattr(args, flag_name)
+            if path is not None and Path(path).suffix.lower() != ".png":
+                raise StudyError(f"--{flag_name} {path} must end in .png: figures are PNGs")
+        if args.heatmap and not args.table:
+            raise StudyError("--heatmap draws the --table: give --table DOWN ACROSS too")
         folder, study, rows = load_study(args.study)
         if args.table:
             down, across = args.table
