@@ -231,3 +231,15 @@ def test_a_checkpoint_whose_env_id_is_not_a_name_is_refused_in_one_bounded_line(
     message = str(error.value)
     assert message.startswith("run/model.tar is damaged: its env id 'CartPole-v1\\nCartPole")
     assert "\n" not in message and len(message) < 400
+
+
+def test_a_damaged_checkpoint_is_one_line_saying_how_to_go_on(tmp_path):
+    path = tmp_path / "model.tar"
+    for damaged in (b"", b"garbage" * 10):
+        path.write_bytes(damaged)
+        with pytest.raises(CheckpointError) as error:
+            checkpoint.load(str(path))
+        message = str(error.value)
+        assert "\n" not in message and "is damaged" in message
+        assert "restore it from a copy, or move it away to start the run anew" in message
+        assert path.read_bytes() == damaged  # left as it is

@@ -66,8 +66,9 @@ def load(path: str, map_location: str | torch.device = "cpu") -> dict:
         else:
             reason = text.splitlines()[0] if text else type(error).__name__
         raise CheckpointError(
-            f"{path} is not a torchbeast checkpoint or is damaged ({reason}); do not load it "
-            "with weights_only=False, which would run any code it holds"
+            f"{path} is not a torchbeast checkpoint or is damaged ({reason}): restore it from "
+            "a copy, or move it away to start the run anew (do not load it with "
+            "weights_only=False, which would run any code it holds)"
         ) from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} is not a torchbeast checkpoint (not a dictionary)")
