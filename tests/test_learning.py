@@ -139,6 +139,19 @@ def test_learning_check_refuses_an_unknown_check(capsys):
     assert "unknown check 'nosuchcheck'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("runtime", ["mono", "poly", "ray"])
+def test_a_flag_passed_on_that_the_runs_refuse_is_one_line_before_any_run(capsys, runtime):
+    # Each check's run failed on its own, one stdout line per check, exit 1.
+    for check in learncheck.CHECKS:  # every check's own command parses as its run's
+        learncheck.check_flags([check], "/tmp/unused", (), runtime)
+    with pytest.raises(SystemExit) as stopped:
+        learncheck.main(["--runtime", runtime, "--learning_rate=-1"])
+    assert stopped.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "error: argument --learning_rate: must be a finite number > 0" in captured.err
+
+
 def test_polybeast_learns_pixel_cue(tmp_path):
     sockets = f"unix:/tmp/cue{os.getpid()}"
     args = ["--xpid", "run", "--num_servers", "2", "--pipes_basename", sockets]

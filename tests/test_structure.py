@@ -145,3 +145,15 @@ def test_a_new_runtime_is_its_functions_and_one_registry_entry(monkeypatch):
     # The learning checks run it by its entry point.
     command = learncheck.CHECKS["cartpole"].command("runs", "x", runtime="fake")
     assert command[1:3] == ["-m", "tests.fakebeast"]
+
+
+@pytest.mark.parametrize("tool", ["lightlog", "scaling", "learncheck", "study", "study_plot"])
+def test_every_tools_usage_error_is_one_line(tool):
+    # Not argparse's usage block and error: one line, the problem and where to look.
+    result = subprocess.run(
+        [sys.executable, "-m", f"torchbeast.{tool}", "--no_such_flag"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error:" in lines[0] and "--help" in lines[0], lines

@@ -34,6 +34,7 @@ import time
 
 import numpy as np
 
+from torchbeast.config.argparser import FlagParser
 from torchbeast.curves import last_episodes_mean, read_logs
 from torchbeast.runtime.registry import RUNTIMES
 
@@ -245,7 +246,7 @@ def run_check(
 
 def make_parser() -> argparse.ArgumentParser:
     """The checks to run and where; any other flag goes to every run (parse_known_args)."""
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog="python -m torchbeast.learncheck",
         description="Short training runs whose final mean return must reach a known band. "
         "Any other flag is passed to every run, e.g. --normalize_values: a change checked "
@@ -269,6 +270,18 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_flags(names: list[str], savedir: str, extra_flags: tuple[str, ...], runtime: str) -> None:
+    """Parses each check's command line as its run would, before any runs: a flag passed
+    on that the runtime refuses is one line now (exit 2), not one failed run per check."""
+    from torchbeast.config.flags import parse_flags  # noqa: PLC0415 - only here
+    from torchbeast.config.parsers import make_runtime_parser  # noqa: PLC0415
+
+    for name in names:
+        parser = make_runtime_parser(runtime)
+        parser.prog = "python -m torchbeast.learncheck"
+        parse_flags(CHECKS[name].command(savedir, "check", extra_flags, runtime)[3:], parser)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args, extra_flags = parser.parse_known_args(argv)
@@ -276,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown check {unknown[0]!r}: choose from {', '.join(CHECKS)}")
     savedir = os.path.expanduser(args.savedir)
+    check_flags(args.checks or DEFAULT_CHECKS, savedir, tuple(extra_flags), args.runtime)
     failures = 0
     for name in args.checks or DEFAULT_CHECKS:
         passed, line = run_check(name, CHECKS[name], savedir, tuple(extra_flags), args.runtime)

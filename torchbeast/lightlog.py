@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from torchbeast.config.argparser import FlagParser
 from torchbeast.config.values import positive_int
 from torchbeast.curves import (
     LAST_100_COLUMN,
@@ -109,9 +110,7 @@ def write_logs(logs: dict[str, np.ndarray], path: str | Path) -> None:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m torchbeast.lightlog", description=__doc__.split("\n\n")[0]
-    )
+    parser = FlagParser(prog="python -m torchbeast.lightlog", description=__doc__.split("\n\n")[0])
     parser.add_argument("logs", help="a run's folder or its logs.csv (or a .gz copy)")
     parser.add_argument("out", help="the light log to write (.gz: gzipped)")
     parser.add_argument(

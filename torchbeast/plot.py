@@ -30,6 +30,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from torchbeast.config.argparser import FlagParser
 from torchbeast.curves import (
     LOGS_NAME,
     LogsError,
@@ -170,7 +171,7 @@ def _load(run: Run) -> dict[str, np.ndarray]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog="python -m torchbeast.plot",
         description="Plot mean episode return and SPS (and with --diagnostics the "
         "learner's health) against steps for one or more runs.",

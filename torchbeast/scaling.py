@@ -27,6 +27,7 @@ import tempfile
 import torch
 
 from torchbeast.bench import LEARNER_SHAPE
+from torchbeast.config.argparser import FlagParser
 from torchbeast.config.layers import DEFAULT, parse_in_layers
 from torchbeast.config.parsers import make_bench_parser, make_mono_parser
 from torchbeast.config.resolvers import default_layout, grown_batch
@@ -94,7 +95,7 @@ def default_layouts(cores: int) -> list[tuple[int, int]]:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         description="The training recipe's steady-state SPS over actor layouts and devices; "
         "other flags go to every run (python -m torchbeast.bench --help lists them).",
     )

@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
+from torchbeast.config.argparser import FlagParser
 from torchbeast.config.resolvers import default_layout, expand_savedir
 from torchbeast.core.errors import os_error_line
 from torchbeast.curves import read_logs, return_last_100_curve
@@ -580,7 +581,7 @@ def executor_for(study: Study, args: argparse.Namespace, cells: int) -> Iterator
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog="python -m torchbeast.study",
         description="Train, evaluate and tabulate a grid of runs described by a study file.",
     )

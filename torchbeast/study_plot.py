@@ -30,6 +30,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
+from torchbeast.config.argparser import FlagParser
 from torchbeast.curves import read_logs, return_last_100_curve
 from torchbeast.study import SPEC_NAME, StudyError, label, read_study
 
@@ -261,7 +262,7 @@ def default_figure(rows: list[dict]) -> str:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog="python -m torchbeast.study_plot",
         description="Draw a study's capacity figure and learning curves, or tabulate "
         "two of its axes.",
