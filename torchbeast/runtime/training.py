@@ -136,6 +136,8 @@ class Trainer:
         self.stop_requested = threading.Event()
         self.failure: BaseException | None = None  # the first, which the run says
         self.failure_lock = threading.Lock()
+        # When the last progress line was printed, and at which step (None before).
+        self.last_printed: tuple[float, int] | None = None
         # Batches dropped (drops_bad_batches) before this start's first applied update.
         self.drops_before_learning: int | None = 0  # None once an update was applied
         # Updates (and logging them, so that logs.csv keeps step order) one at a time.
@@ -405,6 +407,7 @@ class Trainer:
             self.request_stop()
             for thread in threads:
                 thread.join()
+            self.print_last_progress()
             try:
                 self.save_checkpoint()
             finally:  # the actors stop and the files close whatever became of the checkpoint
@@ -428,26 +431,32 @@ class Trainer:
     def monitor(self, pool: Pool, threads: list[threading.Thread]) -> None:
         """Prints progress, checkpoints on time, and returns when training should end."""
         last_checkpoint = time.monotonic()
-        last_time, last_step = time.monotonic(), self.learner.step
+        self.last_printed = (time.monotonic(), self.learner.step)
         while any(t.is_alive() for t in threads) and not self.stop_requested.is_set():
             if pool.error is not None or pool.stopping.is_set():
                 return
             time.sleep(min(PROGRESS_INTERVAL_S, 0.2))
             now = time.monotonic()
-            if now - last_time >= PROGRESS_INTERVAL_S:
-                step = self.learner.step
-                sps = (step - last_step) / (now - last_time)
-                self.progress.print(step, sps)
-                last_time, last_step = now, step
+            if now - self.last_printed[0] >= PROGRESS_INTERVAL_S:
+                self.print_progress()
             if now - last_checkpoint >= self.run.checkpoint_interval:
                 if not self.save_checkpoint():
                     return
                 last_checkpoint = now
-        # The steps since the last line get theirs: a run shorter than the interval, or
-        # its last seconds, still shows where it got (also under --suppress_logs).
+
+    def print_progress(self) -> None:
+        """The progress line, with the speed since the last one."""
         now, step = time.monotonic(), self.learner.step
-        if step > last_step and now > last_time:
-            self.progress.print(step, (step - last_step) / (now - last_time))
+        last_time, last_step = self.last_printed
+        self.progress.print(step, (step - last_step) / max(now - last_time, 1e-9))
+        self.last_printed = (now, step)
+
+    def print_last_progress(self) -> None:
+        """As the run ends, once its learner threads are done, the line for the steps
+        since the last one: a run shorter than the interval, or its last seconds, still
+        shows where it got (also under --suppress_logs)."""
+        if self.last_printed is not None and self.learner.step > self.last_printed[1]:
+            self.print_progress()
 
     def save_checkpoint(self) -> bool:
         """Saves the checkpoint; where the folder cannot take it (a full disk), the run
