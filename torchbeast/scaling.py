@@ -30,7 +30,7 @@ from torchbeast.bench import LEARNER_SHAPE
 from torchbeast.config.argparser import FlagParser
 from torchbeast.config.layers import DEFAULT, parse_in_layers
 from torchbeast.config.parsers import make_bench_parser, make_mono_parser
-from torchbeast.config.resolvers import default_layout, grown_batch
+from torchbeast.config.resolvers import RECIPE, default_layout, grown_batch
 from torchbeast.config.values import nonnegative_int, positive_int
 from torchbeast.core.errors import unwritable
 from torchbeast.runtime.registry import RUNTIMES
@@ -40,8 +40,9 @@ RECIPE_FLAGS = LEARNER_SHAPE
 ENVS_PER_ACTOR = 8
 
 
-# The flags whose values, set anywhere, keep training's batch from growing with the envs.
-GROWTH_KEEPERS = {"batch_size", "learning_rate", "unroll_length"}
+# The flags whose values, set anywhere, keep training's batch from growing with the envs
+# (``resolvers.resolve_learner_batch``).
+GROWTH_KEEPERS = set(RECIPE)
 
 
 def set_elsewhere(passed: list[str]) -> set[str]:

@@ -20,11 +20,6 @@ def nonnegative_int(text: str) -> int:
     return value
 
 
-# The largest float32: rates, costs and limits meet float32 tensors (PyTorch refuses a
-# larger scalar with a traceback deep in the optimizer).
-LARGEST = 3.4028234663852886e38
-
-
 SEED_LIMIT = 2**32  # seeds below it suit every generator a run seeds (torch, numpy, envs)
 
 
@@ -33,6 +28,11 @@ def seed_int(text: str) -> int:
     if not 0 <= value < SEED_LIMIT:
         raise argparse.ArgumentTypeError(f"must be an integer in [0, {SEED_LIMIT - 1}], got {text}")
     return value
+
+
+# The largest float32: rates, costs and limits meet float32 tensors (PyTorch refuses a
+# larger scalar with a traceback deep in the optimizer).
+LARGEST = 3.4028234663852886e38
 
 
 def nonnegative_float(text: str) -> float:

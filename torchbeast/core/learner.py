@@ -291,12 +291,6 @@ class Learner:
                 "environment's rewards"
             )
 
-    def weights_are_finite(self) -> bool:
-        """Whether every weight of the model is finite (an update too large, e.g. of an
-        absurd learning rate, can break them even where its loss and gradient were not)."""
-        with torch.no_grad():
-            return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
-
     def nonfinite_columns(
         self,
         batch: dict[str, torch.Tensor],

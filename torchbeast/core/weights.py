@@ -22,6 +22,13 @@ def flat_views(model: nn.Module, flat: torch.Tensor) -> list[tuple[torch.Tensor,
 
 
 @torch.no_grad()
+def weights_are_finite(model: nn.Module) -> bool:
+    """Whether every weight of ``model`` is finite (an update too large, e.g. of an absurd
+    learning rate, can break them where its loss and gradient were not)."""
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+@torch.no_grad()
 def copy_weights(target: nn.Module, source: nn.Module) -> None:
     """``source``'s parameters and policy version into ``target``."""
     for to, parameter in zip(target.parameters(), source.parameters(), strict=True):

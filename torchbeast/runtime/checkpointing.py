@@ -17,6 +17,7 @@ import torch
 from torchbeast.core import checkpoint
 from torchbeast.core.errors import RunFolderError, os_error_in, shown, write_failure
 from torchbeast.core.rollout import rollout_spec
+from torchbeast.core.weights import weights_are_finite
 
 if TYPE_CHECKING:
     from torchbeast.config.settings import Settings
@@ -173,7 +174,7 @@ class RunCheckpoint:
         if self.run.disable_checkpoint:
             return
         with self.learner.lock:
-            if not self.learner.weights_are_finite():  # the last good checkpoint stays
+            if not weights_are_finite(self.learner.model):  # the last good checkpoint stays
                 log.warning(
                     "Not saving the checkpoint: the model's weights are non-finite (%s stays).",
                     self.on_disk(),

@@ -39,6 +39,7 @@ from torchbeast.core.replay import Replay
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
 from torchbeast.core.update_graph import UpdateGraph
+from torchbeast.core.weights import weights_are_finite
 from torchbeast.envs.family import flag_text
 from torchbeast.runtime import layout
 from torchbeast.runtime.checkpointing import NOT_RESTORED_LINE, RunCheckpoint
@@ -245,7 +246,7 @@ class Trainer:
                     f"learnt from: each made the loss non-finite (the last: {error}). Lower "
                     "--learning_rate (or the costs), or check the environments"
                 ) from error
-        if not self.learner.weights_are_finite():  # no batch can be learnt from: stop
+        if not weights_are_finite(self.learner.model):  # no batch can be learnt from: stop
             raise NonFiniteLossError(
                 f"the model's weights became non-finite before step {self.learner.step} (an "
                 "update too large); every batch now makes the loss non-finite. Lower "

@@ -12,7 +12,7 @@ from torchbeast.config.poly import PolySettings
 from torchbeast.core.learner import NonFiniteLossError
 from torchbeast.core.models import CoreState, create_model, sampling_generator
 from torchbeast.core.spec import EnvSpec
-from torchbeast.core.weights import copy_weights
+from torchbeast.core.weights import copy_weights, weights_are_finite
 from torchbeast.runtime.poly.batching import DynamicBatcher, Failed
 from torchbeast.runtime.poly.stream_limits import StreamClosed
 
@@ -82,8 +82,8 @@ class StreamInference:
         all_finite = bool(finite.all())
         if not all_finite:  # rare: sample the good rows; the others fail their stream
             with self.lock:
-                weights_finite = all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
-            if not weights_finite:  # the learner's own doing, not the streams': stop the run
+                broken = not weights_are_finite(self.model)
+            if broken:  # the learner's own doing, not the streams': stop the run
                 raise NonFiniteLossError(
                     "the model's weights became non-finite (an update too large), so every "
                     "stream's outputs are. Lower --learning_rate"
