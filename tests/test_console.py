@@ -30,6 +30,7 @@ def test_suppress_logs_keeps_the_console_to_progress_lines(tmp_path, sockets, en
     assert "Training run on CartPole-v1" in out_log  # the line is written, to the file only
     console = [line for line in quiet.stdout.splitlines() if line.startswith("[")]
     assert all("] Steps " in line or line.startswith("[WARNING") for line in console), console
+    assert "[INFO" not in quiet.stderr, quiet.stderr  # nor the env processes' lines
     # A run shorter than the progress interval still ends with a line saying where it got:
     # its last step, once every learner thread is done.
     last = re.search(r"\] Steps (\d+) of 400 \(", console[-1] if console else "")

@@ -229,10 +229,10 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def process_main(settings: PolyEnvSettings, index: int) -> None:
+def process_main(settings: PolyEnvSettings, index: int, log_level: int = logging.INFO) -> None:
     """One env process: started by :func:`start_processes`, through ``guarded_main``."""
     logging.basicConfig(
-        format="[%(levelname)s:%(process)d %(asctime)s] %(message)s", level=logging.INFO
+        format="[%(levelname)s:%(process)d %(asctime)s] %(message)s", level=log_level
     )
     try:
         if settings.connect:
@@ -243,8 +243,11 @@ def process_main(settings: PolyEnvSettings, index: int) -> None:
         sys.exit(1)
 
 
-def start_processes(settings: PolyEnvSettings) -> list[mp.process.BaseProcess]:
-    """Starts ``num_servers`` env server (or, with ``--connect``, env client) processes."""
+def start_processes(
+    settings: PolyEnvSettings, log_level: int = logging.INFO
+) -> list[mp.process.BaseProcess]:
+    """Starts ``num_servers`` env server (or, with ``--connect``, env client) processes;
+    their log lines below ``log_level`` are not shown (``polybeast --suppress_logs``)."""
     envs.env_spec(settings.env)  # a bad --env is one error line here, not one per process
     context = mp.get_context("spawn")
     count = (
@@ -256,7 +259,7 @@ def start_processes(settings: PolyEnvSettings) -> list[mp.process.BaseProcess]:
     processes = [
         context.Process(
             target=guarded_main,
-            args=(os.getpid(), entry, settings, i),
+            args=(os.getpid(), entry, settings, i, log_level),
             name=f"env-{i}",
             daemon=True,
         )

@@ -87,7 +87,9 @@ def session(settings: Settings, start_envs: bool = True) -> Iterator[PolyTrainer
     """A trainer whose pool listens (or dials) and knows the run's environment; with
     ``start_envs`` this command also starts the env processes (servers, or with --serve
     clients), and stops them at the end; ``polybeast_learner`` starts none."""
-    processes = env_side.start_processes(env_side_of(settings)) if start_envs else []
+    quiet = settings.run.suppress_logs  # the env processes' INFO lines go too
+    log_level = logging.WARNING if quiet else logging.INFO
+    processes = env_side.start_processes(env_side_of(settings), log_level) if start_envs else []
     try:
         check_run_dir(settings.run)
         spec = learner_spec(settings)
