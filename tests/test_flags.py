@@ -477,3 +477,16 @@ def test_values_from_a_config_file_keep_their_source_where_a_resolver_hands_them
     _, sources = flags.parse_flags_and_sources(["--config", str(config)])
     assert sources["num_actors"] == sources["xpid"] == f"file {config}"
     assert sources["envs_per_actor"] == "derived"  # one env per actor, as the original's
+
+
+def test_num_episodes_in_training_is_refused_saying_what_stops_training(capsys):
+    from torchbeast.cli import run
+
+    with pytest.raises(SystemExit) as exit_info:  # before anything starts
+        run(flags.make_parser(), ["--env", "CartPole-v1", "--num_episodes", "5"], "mono")
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        "error: --num_episodes counts the games of --mode test and eval; training stops at "
+        "--total_steps" in error
+    )

@@ -10,6 +10,7 @@ import gymnasium as gym
 
 from torchbeast import video
 from torchbeast.config.flags import parse_flags_and_sources
+from torchbeast.config.layers import COMMAND_LINE
 from torchbeast.config.settings import Settings, build_settings
 from torchbeast.core.errors import UserError, os_error_line
 from torchbeast.runtime.console import setup_console_logging
@@ -69,6 +70,11 @@ def run(
             parser.error(str(error))
     if settings.run.random_policy and mode == "train":
         parser.error("--random_policy plays in --mode test and eval; it does not train")
+    if mode == "train" and sources.get("num_episodes") == COMMAND_LINE:
+        parser.error(  # a user may expect training to stop after so many episodes
+            "--num_episodes counts the games of --mode test and eval; training stops at "
+            "--total_steps"
+        )
     if mode == "train":
         train = train or RUNTIMES[runtime].train
         # Before the runtime starts: its first lines (listening, connecting) obey it too.
