@@ -5,6 +5,7 @@ scheduler does before it takes the machine)."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ from tests.test_monobeast import (
     STOPPED_BY_SIGTERM,
     actor_pids,
     alive,
+    assert_one_error_line,
     monobeast,
     read_rows,
     wait_for,
@@ -115,6 +117,25 @@ def test_a_killed_run_resumes_with_the_figures_of_its_last_checkpoint(tmp_path):
     assert steps[: steps.index(resumed_step)] == [s for s in killed_steps if s <= saved_step]
     (cut,) = lines_with(out_log, "which the checkpoint does not hold")
     assert f"held {len(killed_steps) - killed_steps.index(saved_step) - 1} rows" in cut
+
+
+def test_a_damaged_logs_csv_is_one_line_and_the_finished_runs_record_stays(tmp_path):
+    run = [*SMALL_RUN, "--total_steps", "400", "--xpid", "r"]
+    assert monobeast(tmp_path, *run).returncode == 0
+    logs, meta = tmp_path / "r" / "logs.csv", tmp_path / "r" / "meta.json"
+    with open(logs, "ab") as f:
+        f.write(b"\xff\xfe not text\n")
+    damaged, record = logs.read_bytes(), meta.read_text()
+    again = monobeast(tmp_path, *run, "--total_steps", "800")  # a traceback before
+    assert_one_error_line(again, f"{logs} is not text (damaged): restore it", "move it away")
+    assert logs.read_bytes() == damaged
+    assert meta.read_text() == record  # it said successful: false, with no end date
+    assert json.loads(record)["successful"] is True
+    logs.rename(tmp_path / "damaged-logs.csv")  # as the line says: the run goes on
+    moved = monobeast(tmp_path, *run, "--total_steps", "800")
+    assert moved.returncode == 0, moved.stderr
+    steps = [int(row["step"]) for row in read_rows(logs)]
+    assert steps[0] > 400 and steps[-1] >= 800  # from the checkpoint on
 
 
 def test_sigterm_during_a_checkpoint_write_leaves_a_whole_checkpoint(tmp_path):

@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from importlib import metadata
 
-from torchbeast.core.errors import RunFolderError, write_failure
+from torchbeast.core.errors import RunFolderError, UserError, write_failure
 
 log = logging.getLogger("torchbeast")
 
@@ -110,14 +110,22 @@ class FileWriter:
             "git_commit": git_commit(),
             "command": sys.argv,
         }
-        self._write_meta()
 
         self.fieldnames: list[str] = []
-        if resuming:
-            self._drop_partial_row()
-            self._drop_rows_after(resumed_step)
-        self._tick = self._count_rows()  # a resumed run continues the tick count
+        try:
+            if resuming:
+                self._drop_partial_row()
+                self._drop_rows_after(resumed_step)
+            self._tick = self._count_rows()  # a resumed run continues the tick count
+        except UnicodeDecodeError:
+            raise UserError(
+                f"{self.paths['logs.csv']} is not text (damaged): restore it from a copy, or "
+                "move it away and the run goes on from its checkpoint with new logs"
+            ) from None
         self._logs_file = open(self.paths["logs.csv"], "a", newline="")  # noqa: SIM115
+        # After the files it appends to were read: a start that fails on them leaves the
+        # earlier start's record (a finished run stays successful).
+        self._write_meta()
         self._tensorboard = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
