@@ -446,6 +446,11 @@ def test_env_servers_that_name_no_address_are_refused_in_one_line(capsys, server
         (["--serve", "unix:"], "unix: names no socket path"),
         (["--serve", "notanaddress"], "is not host:port or unix:PATH"),
         (["--env_servers", "127.0.0.1:4431,:4432"], "':4432' is not host:port"),
+        (  # the servers' addresses are it plus .0, .1, ...: said '127.0.0.1:4431.0' before
+            ["--pipes_basename", "127.0.0.1:4431"],
+            "--pipes_basename '127.0.0.1:4431' is no unix:PATH: each env server adds .N to "
+            "it; give host:port addresses with --env_servers",
+        ),
     ],
 )
 def test_an_address_grpc_would_misread_is_refused_in_one_line(capsys, argv, said):

@@ -412,6 +412,30 @@ def test_tls_files_that_are_missing_or_not_pem_are_one_line_at_either_end(tmp_pa
         assert len(lines) == 1 and fragment in lines[0], result.stderr
 
 
+def test_a_port_in_use_is_one_line_at_each_entry_point(tmp_path):
+    # gRPC logged its own bind failure beside ours, and polybeast added a line about its
+    # env processes' exit: three lines for one mistake.
+    with socket.create_server(("127.0.0.1", 0)) as holder:
+        address = f"127.0.0.1:{holder.getsockname()[1]}"
+        learner = [*LEARNER, "--savedir", str(tmp_path)]
+        commands = [
+            ["torchbeast.polybeast", *learner, "--env_servers", address, "--num_actors", "1"],
+            ["torchbeast.polybeast", *learner, "--serve", address, "--num_actors", "1"],
+            ["torchbeast.polybeast_learner", *learner, "--serve", address],
+            ["torchbeast.polybeast_env", *ENV, "--env_servers", address],
+        ]
+        for command in commands:
+            result = subprocess.run(
+                [sys.executable, "-m", *command],
+                cwd=REPO, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert result.returncode == 1, result.stderr
+            assert result.stderr.strip().splitlines() == [
+                f"error: cannot listen on {address}: the port is in use (another run or "
+                "server?): stop what holds it, or give another port"
+            ], command
+
+
 # --------------------------------------------------------------------------- refusals
 
 

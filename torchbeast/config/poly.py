@@ -158,6 +158,11 @@ def check_addresses(parser: argparse.ArgumentParser, named: dict[str, list[str]]
             )
         for address in addresses:
             problem = address_problem(address)
+            if problem and flag_name == "--pipes_basename":  # a TCP address there gets ".0"
+                parser.error(
+                    f"--pipes_basename {address.removesuffix('.0')!r} is no unix:PATH: each "
+                    "env server adds .N to it; give host:port addresses with --env_servers"
+                )
             if problem:
                 parser.error(
                     f"{flag_name} {address!r} {problem}: e.g. 127.0.0.1:4431 or unix:/tmp/x"

@@ -7,9 +7,11 @@ its metadata or is refused with UNAUTHENTICATED (and the refusal is logged).
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
 import os
+import socket
 from concurrent import futures
 
 import grpc
@@ -96,6 +98,52 @@ def in_the_clear(settings: NetworkSettings, tls_flags: str) -> str:
     return f"{what} cross the network in the clear; add {tls_flags} to encrypt them."
 
 
+BIND_PROBLEMS = {
+    errno.EADDRINUSE: "the port is in use (another run or server?): stop what holds it, or "
+    "give another port",
+    errno.EADDRNOTAVAIL: "the host is not an address of this machine: give one of its own, "
+    "or 0.0.0.0 for all of them",
+    errno.EACCES: "ports below 1024 need root: give a port above 1023",
+}
+
+
+def check_can_listen(address: str) -> None:
+    """Raises NetworkError where ``address`` cannot be listened on, saying why: a Unix
+    socket in a missing folder, a port in use, a host not this machine's. (gRPC says only
+    that it failed to bind, in a log line of its own beside.) Like gRPC, a host:port that
+    names several addresses is good if one of them binds."""
+    if address.startswith("unix:"):
+        folder = os.path.dirname(os.path.abspath(address[len("unix:") :].removeprefix("//")))
+        if not os.path.isdir(folder):
+            raise NetworkError(
+                f"cannot listen on {address}: no folder {folder}: create it, or give "
+                "another socket path"
+            )
+        return
+    host, _, port = address.rpartition(":")
+    if address.startswith("unix-abstract:") or not port.isdigit() or int(port) == 0:
+        return  # gRPC's own checks (a port it picks, or one address_problem refused)
+    try:
+        candidates = socket.getaddrinfo(
+            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as error:
+        raise NetworkError(
+            f"cannot listen on {address}: no address for {host!r} ({error.strerror})"
+        ) from None
+    problems = []
+    for family, kind, protocol, _, socket_address in candidates:
+        with socket.socket(family, kind, protocol) as probe:
+            # As gRPC's listener: a port left in TIME_WAIT by a run that ended is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(socket_address)
+                return
+            except OSError as error:
+                problems.append(BIND_PROBLEMS.get(error.errno, error.strerror))
+    raise NetworkError(f"cannot listen on {address}: {problems[0]}")
+
+
 def create_server(
     settings: NetworkSettings, address: str, max_streams: int
 ) -> tuple[grpc.Server, int]:
@@ -105,13 +153,7 @@ def create_server(
     threads and the concurrent streams; more are refused with RESOURCE_EXHAUSTED.
     """
     token = auth_token(settings)
-    if address.startswith("unix:"):  # gRPC would say only that it failed to bind
-        folder = os.path.dirname(os.path.abspath(address[len("unix:") :].removeprefix("//")))
-        if not os.path.isdir(folder):
-            raise NetworkError(
-                f"cannot listen on {address}: no folder {folder}: create it, or give "
-                "another socket path"
-            )
+    check_can_listen(address)
     if not is_local_address(address) and not token:
         raise NetworkError(
             f"{address} listens beyond this machine without a token: set --auth_token "

@@ -16,7 +16,7 @@ from torchbeast import envs
 from torchbeast.config.settings import RunSettings, Settings, env_side_of
 from torchbeast.core import checkpoint
 from torchbeast.core.spec import EnvSpec
-from torchbeast.runtime.poly import env_side
+from torchbeast.runtime.poly import env_side, network
 from torchbeast.runtime.poly.learner_end import PolyActorPool
 from torchbeast.runtime.training import Trainer
 
@@ -87,9 +87,13 @@ def session(settings: Settings, start_envs: bool = True) -> Iterator[PolyTrainer
     """A trainer whose pool listens (or dials) and knows the run's environment; with
     ``start_envs`` this command also starts the env processes (servers, or with --serve
     clients), and stops them at the end; ``polybeast_learner`` starts none."""
+    env_settings = env_side_of(settings)
+    if start_envs and not env_settings.connect:  # one line here, not one per env process
+        for address in env_settings.network.server_addresses():
+            network.check_can_listen(address)
     quiet = settings.run.suppress_logs  # the env processes' INFO lines go too
     log_level = logging.WARNING if quiet else logging.INFO
-    processes = env_side.start_processes(env_side_of(settings), log_level) if start_envs else []
+    processes = env_side.start_processes(env_settings, log_level) if start_envs else []
     try:
         check_run_dir(settings.run)
         spec = learner_spec(settings)
