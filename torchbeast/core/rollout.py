@@ -74,6 +74,21 @@ ENV_KEYS = (
 AGENT_KEYS = ("policy_logits", "baseline", "action", "policy_version")
 
 
+def probe_step(env_spec: EnvSpec) -> dict[str, torch.Tensor]:
+    """A first step ([1, 1, ...] of ENV_KEYS, done) that no environment or peer chose:
+    a fixed random frame of values a sound model takes (pixels in 0-255, other integers
+    0 or 1, floats from a standard normal), reward 0, last action 0."""
+    step = {key: tensor[:, :1] for key, tensor in allocate(env_spec, 0, 1).items()}
+    step["done"].fill_(True)
+    frame, generator = step["frame"], torch.Generator().manual_seed(0)
+    if frame.is_floating_point():
+        frame.copy_(torch.randn(frame.shape, generator=generator))
+    else:
+        high = 256 if frame.dtype == torch.uint8 else 2
+        frame.copy_(torch.randint(0, high, frame.shape, generator=generator))
+    return {key: step[key] for key in ENV_KEYS}
+
+
 def env_keys(env_spec: EnvSpec) -> tuple[str, ...]:
     """What an environment step writes into a rollout: ENV_KEYS and its episode extras."""
     return ENV_KEYS + env_spec.extra_keys

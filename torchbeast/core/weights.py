@@ -1,11 +1,15 @@
 """Moving a model's weights: into another model of the same architecture, or through one
 flat float32 tensor (shared memory, Ray's object store). ``copy_`` keeps each target's own
-memory layout (channels_last), and the policy version travels with the weights."""
+memory layout (channels_last), and the policy version travels with the weights. And
+whether the weights an update left can still be used (``model_is_sound``)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from torchbeast.core import rollout
+from torchbeast.core.spec import EnvSpec
 
 
 def num_weights(model: nn.Module) -> int:
@@ -22,10 +26,20 @@ def flat_views(model: nn.Module, flat: torch.Tensor) -> list[tuple[torch.Tensor,
 
 
 @torch.no_grad()
-def weights_are_finite(model: nn.Module) -> bool:
-    """Whether every weight of ``model`` is finite (an update too large, e.g. of an absurd
-    learning rate, can break them where its loss and gradient were not)."""
-    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+def model_is_sound(model: nn.Module, env_spec: EnvSpec) -> bool:
+    """Whether every weight of ``model`` is finite, and so are its outputs on a probe step
+    (``rollout.probe_step``, which no peer chose). An update too large, e.g. of an absurd
+    learning rate, can break either where its loss and gradient were not: weights of 1e30
+    are finite, and give infinite outputs on any frame but a blank one."""
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        return False
+    device = next(model.parameters()).device
+    inputs = {key: value.to(device) for key, value in rollout.probe_step(env_spec).items()}
+    core_state = tuple(state.to(device) for state in model.initial_state(1))
+    outputs, _ = model(inputs, core_state, act=False)
+    return bool(
+        torch.isfinite(outputs["policy_logits"]).all() and torch.isfinite(outputs["baseline"]).all()
+    )
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ import torch
 from torchbeast.core import checkpoint
 from torchbeast.core.errors import RunFolderError, os_error_in, shown, write_failure
 from torchbeast.core.rollout import rollout_spec
-from torchbeast.core.weights import weights_are_finite
+from torchbeast.core.weights import model_is_sound
 
 if TYPE_CHECKING:
     from torchbeast.config.settings import Settings
@@ -174,9 +174,10 @@ class RunCheckpoint:
         if self.run.disable_checkpoint:
             return
         with self.learner.lock:
-            if not weights_are_finite(self.learner.model):  # the last good checkpoint stays
+            if not model_is_sound(self.learner.model, self.env_spec):  # the last good one stays
                 log.warning(
-                    "Not saving the checkpoint: the model's weights are non-finite (%s stays).",
+                    "Not saving the checkpoint: the model's weights or outputs are non-finite "
+                    "(%s stays).",
                     self.on_disk(),
                 )
                 return

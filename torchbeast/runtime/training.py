@@ -39,7 +39,7 @@ from torchbeast.core.replay import Replay
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.spec import EnvSpec
 from torchbeast.core.update_graph import UpdateGraph
-from torchbeast.core.weights import weights_are_finite
+from torchbeast.core.weights import model_is_sound
 from torchbeast.envs.family import flag_text
 from torchbeast.runtime import layout
 from torchbeast.runtime.checkpointing import NOT_RESTORED_LINE, RunCheckpoint
@@ -246,10 +246,11 @@ class Trainer:
                     f"learnt from: each made the loss non-finite (the last: {error}). Lower "
                     "--learning_rate (or the costs), or check the environments"
                 ) from error
-        if not weights_are_finite(self.learner.model):  # no batch can be learnt from: stop
+        if not model_is_sound(self.learner.model, self.env_spec):  # no batch can be learnt from
             raise NonFiniteLossError(
-                f"the model's weights became non-finite before step {self.learner.step} (an "
-                "update too large); every batch now makes the loss non-finite. Lower "
+                f"the model's weights or outputs became non-finite before step "
+                f"{self.learner.step} (an update too large); every batch now makes the loss "
+                "non-finite. Lower "
                 "--learning_rate, and start again from a checkpoint saved before (or anew)"
             ) from error
         if culprits:

@@ -12,7 +12,7 @@ from torchbeast.config.poly import PolySettings
 from torchbeast.core.learner import NonFiniteLossError
 from torchbeast.core.models import CoreState, create_model, sampling_generator
 from torchbeast.core.spec import EnvSpec
-from torchbeast.core.weights import copy_weights, weights_are_finite
+from torchbeast.core.weights import copy_weights, model_is_sound
 from torchbeast.runtime.poly.batching import DynamicBatcher, Failed
 from torchbeast.runtime.poly.stream_limits import StreamClosed
 
@@ -24,6 +24,7 @@ class StreamInference:
 
     def __init__(self, model: nn.Module, config: dict, spec: EnvSpec, poly: PolySettings):
         self.device = next(model.parameters()).device
+        self.spec = spec
         # The learner's device, so the learner's precision.
         inference_model = create_model(
             config,
@@ -82,11 +83,11 @@ class StreamInference:
         all_finite = bool(finite.all())
         if not all_finite:  # rare: sample the good rows; the others fail their stream
             with self.lock:
-                broken = not weights_are_finite(self.model)
+                broken = not model_is_sound(self.model, self.spec)
             if broken:  # the learner's own doing, not the streams': stop the run
                 raise NonFiniteLossError(
-                    "the model's weights became non-finite (an update too large), so every "
-                    "stream's outputs are. Lower --learning_rate"
+                    "the model's weights or outputs became non-finite (an update too large), "
+                    "so every stream's outputs are. Lower --learning_rate"
                 )
             logits = torch.where(finite[:, None], logits, 0.0)
         probabilities = torch.softmax(logits, dim=1)
