@@ -270,6 +270,18 @@ def test_sigterm_saves_a_checkpoint_and_leaves_no_process(tmp_path):
     wait_for(lambda: not any(alive(pid) for pid in actors), 10, "actors to exit")
 
 
+def test_a_batch_larger_than_the_whole_run_is_said_and_the_run_ends_after_one_update(tmp_path):
+    # Silent before: a mistyped --batch_size waited for hours on its first batch.
+    run = [*SMALL_RUN, "--total_steps", "40", "--num_learner_threads", "1", "--xpid", "run"]
+    result = monobeast(tmp_path, *run)
+    assert result.returncode == 0, result.stderr
+    assert (
+        "One update learns from --batch_size 4 x --unroll_length 20 = 80 steps, more than "
+        "--total_steps 40: the run ends after one update per learner thread." in result.stdout
+    )
+    assert [row["step"] for row in read_rows(tmp_path / "run" / "logs.csv")] == ["80"]
+
+
 def test_killed_learner_leaves_no_orphan_actor(tmp_path):
     process = start_monobeast(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "run")
     try:

@@ -307,8 +307,8 @@ class Trainer:
         )
         source = self.settings.actors.layout_source
         log.info("Layout: %s%s.", self.actor_layout(), f" ({source})" if source else "")
+        learner = self.settings.learner
         if dict(run.sources).get("batch_size") == "derived":
-            learner = self.settings.learner
             log.info(
                 "Learner batch: %d rollouts, learning rate %g, grown with the envs "
                 "(--batch_size and --learning_rate set your own).",
@@ -329,6 +329,16 @@ class Trainer:
         # The env id as resolved (a PolyBeast learner may learn it from its first stream).
         env = dataclasses.replace(self.settings.env, env=env_id)
         envs.log_training_reward(env, self.settings.learner.reward_clipping)
+        per_update = learner.batch_size * learner.unroll_length
+        if per_update > self.total_steps > self.learner.step:
+            log.warning(  # e.g. a mistyped --batch_size: its first batch may take hours
+                "One update learns from --batch_size %d x --unroll_length %d = %d steps, "
+                "more than --total_steps %d: the run ends after one update per learner thread.",
+                learner.batch_size,
+                learner.unroll_length,
+                per_update,
+                self.total_steps,
+            )
         if self.learner.step >= self.total_steps:
             log.info(
                 "Already trained to %d steps (--total_steps %d).",
