@@ -147,6 +147,20 @@ def test_the_return_curve_is_the_consoles_mean_of_the_last_100_episodes_where_lo
     assert computed.tolist() == pytest.approx([1.0, 1.0, 1.5, 2.4])
 
 
+def test_the_best_mean_of_100_episodes_counts_only_rows_where_100_had_ended():
+    logs = {
+        "step": np.array([80.0, 160.0, 240.0, 320.0]),
+        "episodes": np.array([10.0, 50.0, 60.0, 40.0]),
+        "mean_episode_return": np.array([9.0, 1.0, 2.0, 3.0]),
+    }
+    # A study's table took 9.0, the mean of the first 10 episodes, as the best "of 100".
+    best = curves.best_last_100_curve(logs)
+    assert np.isnan(best[:2]).all()
+    assert best[2:].tolist() == pytest.approx([(50 * 1 + 60 * 2) / 110, 2.4])  # whole rows
+    logs[curves.BEST_COLUMN] = np.array([np.nan, np.nan, 3.5, 3.5])  # a light log's spans
+    assert curves.best_last_100_curve(logs)[2:].tolist() == [3.5, 3.5]
+
+
 def test_load_logs_reads_a_resumed_runs_logs_into_one_dataframe(tmp_path):
     text = "# _tick,_time,step,mean_episode_return\n0,1.0,80,-21\n"
     text += "# _tick,_time,step,mean_episode_return,episodes\n1,2.0,160,-20,3\n"

@@ -155,14 +155,104 @@ def test_a_study_killed_outright_takes_the_run_it_trains_along(tmp_path):
 
 
 def test_a_cell_that_fails_is_recorded_and_the_others_go_on(tmp_path):
-    done = run_study(write_study(tmp_path, "learning_rate = [-1.0, 0.001]"))
+    path = write_study(tmp_path, 'env = ["tests.envs_for_tests:Raising-v0", "CartPole-v1"]')
+    edit_study(path, 'env = "CartPole-v1"\n', "")  # the first raises in its step 50
+    done = run_study(path)
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: 1 of 2 cells failed: learning_rate--1.0")
+    assert last.startswith("error: 1 of 2 cells failed: env-tests.envs_for_tests_Raising-v0")
     failed, finished = table(tmp_path)
     assert failed["status"] == "failed"
-    assert "learning_rate = -1.0: must be a finite number > 0" in failed["error"]
+    assert "the emulator crashed" in failed["error"]
     assert finished["status"] == "finished" and finished["eval_return"]
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        # Each trained whole, then failed its evaluation; the fixed file was another study.
+        (("num_episodes = 2", "num_epsiodes = 2"), "cell hidden_size-16's evaluation: "
+         "unrecognized arguments: --num_epsiodes=2 (did you mean --num_episodes?)"),
+        (("hidden_size = [16, 32]", "hidden_size = [16, 0]"), "cell hidden_size-0's "
+         "training: hidden_size = 0: must be a positive integer, got 0"),
+        (("hidden_size = [16, 32]", "hidden_size = [16, [32]]"), "hidden_size = [32]: not a "
+         "flag value: use a string, a number or true/false"),
+        (("num_episodes = 2", "num_episodes = 2\nrandom_policy = false"), "[eval] sets "
+         "random_policy, but the study evaluates a random policy of its own"),
+        (("num_episodes = 2", "num_episodes = 2\ndisable_cuda = false"), "[eval] "
+         "disable_cuda = false cannot turn off the training's disable_cuda = true"),
+        (('runtime = "mono"', 'runtime = "mono"\nresources = 2'), "resources must be a "
+         "table: [resources], then name = value lines"),
+        (("hidden_size = [16, 32]", 'hidden_size = [16, 32]\nr = [{name = "w", hidden_size'
+          " = 64}]"), "the set 'w' of axis r sets hidden_size, which is also an axis of the "
+         "study: keep one"),
+    ],
+)  # fmt: skip
+def test_what_no_cell_could_take_is_one_line_before_anything_runs(tmp_path, change, said):
+    path = write_study(tmp_path, "hidden_size = [16, 32]")
+    edit_study(path, *change)
+    done = run_study(path)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: {said}"), lines
+    assert not (tmp_path / "runs" / "grid").exists()  # nothing trained, nothing claimed
+
+
+def test_a_study_with_its_axes_in_another_order_keeps_its_cells(tmp_path):
+    path = write_study(tmp_path, "hidden_size = [16]\nseed = [1]")
+    assert run_study(path).returncode == 0
+    edit_study(path, "hidden_size = [16]\nseed = [1]", "seed = [1]\nhidden_size = [16]")
+    again = run_study(path)  # it trained seed-1_hidden_size-16 anew, beside the old cell
+    assert again.returncode == 0, again.stderr
+    assert "hidden_size-16_seed-1: finished before, skipped" in again.stdout
+    assert [row["cell"] for row in table(tmp_path)] == ["hidden_size-16_seed-1"]
+
+
+def test_a_study_runs_once_at_a_time(tmp_path):
+    from torchbeast.study import StudyError, claim_folder, only_run_of, read_study
+
+    study = claim_folder(read_study(write_study(tmp_path, "seed = [1]")))
+    with only_run_of(study):  # the same study started again meanwhile trained the same cells
+        with pytest.raises(StudyError, match="is running already .* wait for it to end"):
+            with only_run_of(study):
+                pass
+    with only_run_of(study):  # once it ended
+        pass
+    assert claim_folder(read_study(write_study(tmp_path, "seed = [1]"))) == study
+
+
+def test_each_evaluation_records_its_video_in_the_cells_folder(tmp_path):
+    from torchbeast.study import read_study
+
+    path = write_study(tmp_path, "seed = [1, 2]")
+    edit_study(path, "num_episodes = 2", 'num_episodes = 2\nvideo = "play.gif"')
+    videos = []
+    for cell in read_study(path).cells():  # all four wrote ./play.gif, each over the last
+        for words in cell.job().evaluations():
+            videos += [word.partition("=")[2] for word in words if word.startswith("--video=")]
+    folder = tmp_path / "runs" / "grid"
+    assert videos == [
+        str(folder / "seed-1" / "play.gif"), str(folder / "seed-1" / "play_random.gif"),
+        str(folder / "seed-2" / "play.gif"), str(folder / "seed-2" / "play_random.gif"),
+    ]  # fmt: skip
+
+
+def test_polybeast_cells_side_by_side_serve_their_envs_apart(tmp_path):
+    path = write_study(tmp_path, 'env = ["CartPole-v1", "Acrobot-v1"]')
+    edit_study(path, 'env = "CartPole-v1"\n', "")
+    edit_study(path, 'runtime = "mono"', 'runtime = "poly"')
+    edit_study(path, "total_steps = 800", "total_steps = 400")
+    # Both served on unix:/tmp/polybeast.N and dialled each other's env servers.
+    done = subprocess.run(
+        [sys.executable, "-m", "torchbeast.study", path, "--parallel", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = table(tmp_path)
+    assert [row["status"] for row in rows] == ["finished", "finished"]
+    for row in rows:
+        meta = json.loads((tmp_path / "runs" / "grid" / row["cell"] / "meta.json").read_text())
+        assert meta["flags"]["env"] == row["env"]
 
 
 def test_a_study_never_writes_into_another_studys_folder(tmp_path):

@@ -61,6 +61,32 @@ def test_the_capacity_figure_has_a_panel_per_proxy(tmp_path):
     assert out.read_bytes().startswith(b"\x89PNG")
 
 
+def test_the_capacity_figure_labels_each_models_parameter_count(tmp_path):
+    rows = [row(h, 1.0, 1, 10.0) for h in (179, 280, 3312)]  # 179K, 280K, 3.31M parameters
+    write_study_folder(tmp_path, rows)
+    _, study, cells = study_plot.load_study(str(tmp_path))
+    figure = study_plot.capacity_plot(study, cells, ["hidden_size"])
+    # Labelled at powers of ten only, two of the three panels' points had no label at all.
+    for ax in figure.axes:
+        labels = [tick.get_text() for tick in ax.get_xticklabels()]
+        assert labels == ["179K", "280K", "3.31M"]
+
+
+def test_a_path_that_cannot_be_written_or_read_is_one_line(tmp_path, capsys):
+    write_study_folder(tmp_path, [row(64, 1.0, 1, 10.0)])
+    missing = tmp_path / "no" / "x.png"
+    for argv, said in [
+        ([str(tmp_path), "--out", str(missing)], f"--out {missing}: no folder"),
+        ([str(tmp_path), "--table", "seed", "hidden_size", "--heatmap", str(missing)],
+         f"--heatmap {missing}: no folder"),
+        ([str(tmp_path / "s1.tml")], f"no study file or folder {tmp_path / 's1.tml'}"),
+        ([str(tmp_path), "--capacity", "hidden_sise"], "--capacity hidden_sise is not an axis"),
+    ]:  # fmt: skip
+        assert study_plot.main(argv) == 1  # a traceback after the figure, or a wrong fix
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and said in err[0], err
+
+
 def test_asking_for_an_axis_the_study_lacks_is_one_line(tmp_path, capsys):
     write_study_folder(tmp_path, [row(64, 1.0, 1, 10.0)])
     assert study_plot.main([str(tmp_path), "--table", "hidden_size", "width"]) == 1

@@ -16,6 +16,8 @@ SPS_WINDOW_S = 10.0  # seconds of log rows each SPS point averages over
 RETURN_WINDOW = 100  # episodes: the console's "mean return (last 100 episodes)"
 # The console's running figures, as runs since 2026-11-27 log them in every row.
 LAST_100_COLUMN = "mean_return_last_100"
+# The best of them so far, once 100 episodes had ended (a light log's own column).
+BEST_COLUMN = "best_mean_return_last_100"
 
 
 def _to_float(cell: str) -> float:
@@ -135,15 +137,33 @@ def last_episodes_mean(logs: dict[str, np.ndarray], count: int = RETURN_WINDOW) 
         return np.where(seen > 0, (total_returns - start_returns) / seen, math.nan)
 
 
-def return_last_100_curve(logs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Steps and the mean return of the last 100 episodes, the console's figure: its
+def last_100_column(logs: dict[str, np.ndarray]) -> np.ndarray:
+    """At each row, the mean return of the last 100 episodes, the console's figure: its
     ``LAST_100_COLUMN`` where the run logged it, else ``last_episodes_mean``."""
     computed = last_episodes_mean(logs)
     logged = logs.get(LAST_100_COLUMN)
-    values = computed if logged is None else np.where(np.isfinite(logged), logged, computed)
+    return computed if logged is None else np.where(np.isfinite(logged), logged, computed)
+
+
+def return_last_100_curve(logs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Steps and the mean return of the last 100 episodes (``last_100_column``), at the
+    rows that have both."""
+    values = last_100_column(logs)
     steps = logs["step"]
     keep = np.isfinite(steps) & np.isfinite(values)
     return steps[keep], values[keep]
+
+
+def best_last_100_curve(logs: dict[str, np.ndarray]) -> np.ndarray:
+    """At each row, the best mean return of the last 100 episodes so far (the figure of
+    ``return_last_100_curve``), over the rows where 100 episodes had ended: NaN before
+    (a mean of the first few episodes is no mean of 100). A light log's ``BEST_COLUMN``
+    counts too: its spans' bests are the exact ones."""
+    last_100 = last_100_column(logs)
+    episodes = np.nan_to_num(logs.get("episodes", np.zeros(last_100.size)))
+    reached = (episodes > 0) & (np.cumsum(episodes) >= RETURN_WINDOW) & np.isfinite(last_100)
+    best = np.fmax.accumulate(np.where(reached, last_100, math.nan))
+    return np.fmax(best, logs[BEST_COLUMN]) if BEST_COLUMN in logs else best
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:

@@ -33,35 +33,26 @@ import numpy as np
 from torchbeast.config.argparser import FlagParser
 from torchbeast.config.values import positive_int
 from torchbeast.curves import (
+    BEST_COLUMN,
     LAST_100_COLUMN,
     LOGS_NAME,
-    RETURN_WINDOW,
     LogsError,
-    last_episodes_mean,
+    best_last_100_curve,
+    last_100_column,
     read_logs_checked,
 )
 
 # Columns taken from a span's last row: its place, and the running figures (the mean of
-# the last 100 episodes is the console's figure at that row already).
-# The best mean of 100 episodes in a row so far, at each row (a light log's own column).
-BEST_COLUMN = "best_mean_return_last_100"
+# the last 100 episodes is the console's figure at that row already, the best so far too).
 LAST_OF_SPAN = ("_tick", "_time", "step", LAST_100_COLUMN, BEST_COLUMN)
 
 
 def with_running_figures(logs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``logs`` with the console's mean of the last 100 episodes in every row (computed
     from whole rows, ``curves.last_episodes_mean``, where the run did not log it), and the
-    best such mean so far (``BEST_COLUMN``: over rows where 100 episodes had ended), so
-    that a light log keeps them exact at each span's end."""
-    computed = last_episodes_mean(logs)
-    logged = logs.get(LAST_100_COLUMN)
-    last_100 = computed if logged is None else np.where(np.isfinite(logged), logged, computed)
-    episodes = np.nan_to_num(logs.get("episodes", np.zeros(last_100.size)))
-    reached = (episodes > 0) & (np.cumsum(episodes) >= RETURN_WINDOW) & np.isfinite(last_100)
-    best = np.fmax.accumulate(np.where(reached, last_100, np.nan))
-    if BEST_COLUMN in logs:  # a light log already: its spans' bests are the exact ones
-        best = np.fmax(best, logs[BEST_COLUMN])
-    return logs | {LAST_100_COLUMN: last_100, BEST_COLUMN: best}
+    best such mean so far (``BEST_COLUMN``, ``curves.best_last_100_curve``), so that a
+    light log keeps them exact at each span's end."""
+    return logs | {LAST_100_COLUMN: last_100_column(logs), BEST_COLUMN: best_last_100_curve(logs)}
 
 
 def thin(logs: dict[str, np.ndarray], every_steps: int) -> dict[str, np.ndarray]:

@@ -38,6 +38,8 @@ import concurrent.futures
 import contextlib
 import csv
 import dataclasses
+import fcntl
+import io
 import itertools
 import json
 import math
@@ -46,6 +48,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tomllib
@@ -53,10 +56,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
+
 from torchbeast.config.argparser import FlagParser
 from torchbeast.config.resolvers import default_layout, expand_savedir
 from torchbeast.core.errors import os_error_line
-from torchbeast.curves import read_logs, return_last_100_curve
+from torchbeast.curves import LOGS_NAME, best_last_100_curve, read_logs, return_last_100_curve
 from torchbeast.runtime.processes import child_dies_with_parent
 from torchbeast.runtime.registry import RUNTIMES
 
@@ -65,6 +70,7 @@ TABLE_NAME = "study.csv"
 CELL_FLAGS = "study_flags.toml"  # in a cell's folder: the flags it trains with
 CELL_STATE = "study_cell.json"  # in a cell's folder: how the cell ended
 CELL_LOG = "study.log"  # in a cell's folder: its commands' console output
+LOCK_NAME = ".study.lock"  # in the study's folder: held while a command runs the study
 
 
 class StudyError(Exception):
@@ -139,7 +145,8 @@ class Cell:
     def flags(self) -> dict[str, object]:
         """The flags the cell trains with: the study's, then its axes' values; where
         neither sets num_actors, the actors a run chooses for the cell's CPUs (not for
-        every core of the machine or node it lands on), with their envs unless set."""
+        every core of the machine or node it lands on), with their envs unless set; and
+        what its runtime sets to run apart from other cells (``Runtime.apart_flags``)."""
         flags = {k: v for k, v in self.study.flags.items() if k not in ("savedir", "xpid")}
         for axis, value in self.values.items():
             if isinstance(value, dict):  # a named set of flags
@@ -149,23 +156,43 @@ class Cell:
         if "num_actors" not in flags:
             actors, envs = default_layout(self.study.resources.cpus)
             flags |= {"num_actors": actors, "envs_per_actor": flags.get("envs_per_actor", envs)}
-        return flags
+        # Cells side by side on one machine must not meet (PolyBeast's env servers).
+        return flags | RUNTIMES[self.study.runtime].apart_flags(flags, str(self.folder))
 
     def job(self) -> CellJob:
         return CellJob(
             name=self.name,
             module=RUNTIMES[self.study.runtime].entry_point,
             savedir=str(self.study.folder),
-            eval_words=tuple(flag_words(self.study.eval_flags)),
+            eval_words=tuple(flag_words(self.eval_flags())),
+            random_words=(
+                tuple(flag_words(self.eval_flags(random=True)))
+                if self.study.random_policy
+                else None
+            ),
             cpus=self.study.resources.cpus,
-            random_policy=self.study.random_policy,
         )
+
+    def eval_flags(self, random: bool = False) -> dict[str, object]:
+        """The [eval] flags of the cell's evaluation (``random``: of its random policy's),
+        a --video in the cell's folder (relative to it; the random policy's named
+        ``<stem>_random``): each evaluation's video of its own."""
+        flags = dict(self.study.eval_flags)
+        if "video" in flags:
+            video = Path(expand_savedir(str(flags["video"])))
+            video = video if video.is_absolute() else self.folder / video
+            if random:
+                video = video.with_name(f"{video.stem}_random{video.suffix}")
+            flags["video"] = str(video)
+        return flags
+
+    def flags_text(self) -> str:
+        """The cell's ``CELL_FLAGS`` file: its flags as TOML."""
+        return "".join(f"{name} = {toml_value(value)}\n" for name, value in self.flags().items())
 
     def write_flags(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / CELL_FLAGS).write_text(
-            "".join(f"{name} = {toml_value(value)}\n" for name, value in self.flags().items())
-        )
+        (self.folder / CELL_FLAGS).write_text(self.flags_text())
 
     def finished(self) -> bool:
         """Trained to its steps and evaluated (a study run again skips it)."""
@@ -198,12 +225,21 @@ class CellJob:
     module: str  # the entry point, "torchbeast.monobeast"
     savedir: str  # the study's folder
     eval_words: tuple[str, ...]  # the evaluation's flags
+    # The random policy's evaluation's (eval_random.json), or None: none.
+    random_words: tuple[str, ...] | None
     cpus: int  # the learner process's threads are limited to them
-    random_policy: bool = True  # evaluate a random policy too (eval_random.json)
 
     @property
     def folder(self) -> Path:
         return Path(self.savedir) / self.name
+
+    def evaluations(self) -> list[tuple[str, ...]]:
+        """The words each evaluation adds to the cell's command: the trained policy's,
+        then the random policy's (with the cell's reward settings) where it has one."""
+        evaluations = [("--mode", "eval", *self.eval_words)]
+        if self.random_words is not None:
+            evaluations.append(("--mode", "eval", "--random_policy", *self.random_words))
+        return evaluations
 
     def command(self, *extra: str) -> list[str]:
         config = str(self.folder / CELL_FLAGS)
@@ -262,10 +298,7 @@ def train_and_evaluate(
     it was stopped (its wall-clock is kept: the same study goes on with it)."""
     started = time.monotonic()
     returncode, last = process.call(job, job.command())
-    evaluations = [("--mode", "eval", *job.eval_words)]
-    if job.random_policy:  # the random policy's level, with the cell's reward settings
-        evaluations.append(("--mode", "eval", "--random_policy", *job.eval_words))
-    for evaluation in evaluations:
+    for evaluation in job.evaluations():
         if returncode == 0 and not process.stopped:
             returncode, last = process.call(job, job.command(*evaluation))
     seconds = time.monotonic() - started + read_state(job.folder).get("seconds", 0.0)
@@ -296,6 +329,9 @@ def read_study(path: str) -> Study:
             f"{path}: unknown key {sorted(unknown)[0]!r}: a study file has runtime, name, "
             "random_policy, [flags], [axes], [eval] and [resources]"
         )
+    for key in ("flags", "axes", "eval", "resources"):
+        if not isinstance(table.get(key, {}), dict):
+            raise StudyError(f"{path}: {key} must be a table: [{key}], then name = value lines")
     random_policy = table.get("random_policy", True)
     if not isinstance(random_policy, bool):
         raise StudyError(f"{path}: random_policy must be true or false")
@@ -317,6 +353,7 @@ def read_study(path: str) -> Study:
     if overlap:
         raise StudyError(f"{path}: {overlap[0]} is both a flag and an axis: keep one")
     eval_flags = {name.replace("-", "_"): value for name, value in table.get("eval", {}).items()}
+    check_values(path, flags, axes, eval_flags)
     name = table.get("name", Path(path).stem)
     if not re.fullmatch(r"[\w.\-]+", str(name)):
         raise StudyError(f"{path}: name {name!r} must be a folder name (letters, digits, . _ -)")
@@ -324,6 +361,83 @@ def read_study(path: str) -> Study:
     study = Study(str(name), runtime, flags, axes, eval_flags, resources, random_policy)
     refuse_shared_folders(path, study.cells())
     return study
+
+
+# Keys a study sets for each evaluation itself: in [eval] they would undo it.
+EVAL_OWN_KEYS = {
+    "mode": "each cell's evaluation is --mode eval",
+    "random_policy": "the study evaluates a random policy of its own: random_policy = true "
+    "or false at the top of the file, before any [table]",
+    "savedir": "the cells are in the study's folder",
+    "xpid": "each cell's name is its folder's",
+}
+
+
+def check_values(
+    path: str, flags: dict[str, object], axes: dict[str, list], eval_flags: dict[str, object]
+) -> None:
+    """Refuses, before anything runs, what no cell could take: a value that is no flag
+    value, a named set of flags that sets a flag or another axis of the study (the cell's
+    label would say one value and the run take another), a key of the study's own in
+    [eval]."""
+    values = [*flags.items(), *eval_flags.items()]
+    for axis, axis_values in axes.items():
+        for value in axis_values:
+            if not isinstance(value, dict):
+                values.append((axis, value))
+                continue
+            for name, flag_value in value.items():
+                if name == "name":
+                    continue
+                values.append((name, flag_value))
+                if name in flags or (name in axes and name != axis):
+                    where = "a flag" if name in flags else "an axis"
+                    raise StudyError(
+                        f"{path}: the set {value['name']!r} of axis {axis} sets {name}, "
+                        f"which is also {where} of the study: keep one"
+                    )
+    for name, value in values:
+        try:
+            toml_value(value)
+        except StudyError as error:
+            raise StudyError(f"{path}: {name} = {value!r}: {error}") from None
+    for name in sorted(set(eval_flags) & set(EVAL_OWN_KEYS)):
+        raise StudyError(f"{path}: [eval] sets {name}, but {EVAL_OWN_KEYS[name]}")
+
+
+def check_cells(path: str, study: Study) -> None:
+    """Parses each cell's commands, its training's and its evaluations', as its runs will,
+    before any runs: a flag a run refuses is one line now, not a failed cell after others
+    trained (and a study that, fixed, is another study)."""
+    from torchbeast.config.flags import parse_flags  # noqa: PLC0415 - only here
+    from torchbeast.config.parsers import make_runtime_parser  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as folder:
+        flags_file = Path(folder) / CELL_FLAGS
+        for cell in study.cells():
+            flags = cell.flags()
+            for name, value in study.eval_flags.items():
+                if value is False and flags.get(name) is True:
+                    raise StudyError(
+                        f"{path}: [eval] {name} = false cannot turn off the training's "
+                        f"{name} = true (cell {cell.name}): leave it out of one of them"
+                    )
+            flags_file.write_text(cell.flags_text())
+            job = dataclasses.replace(cell.job(), savedir=str(study.folder))
+            for what, words in (("training", ()), ("evaluation", job.evaluations()[0])):
+                command = job.command(*words)
+                command[command.index("--config") + 1] = str(flags_file)
+                parser = make_runtime_parser(study.runtime)
+                parser.prog = f"python -m {job.module}"
+                refused = io.StringIO()
+                try:
+                    with contextlib.redirect_stderr(refused):
+                        parse_flags(command[3:], parser)
+                except SystemExit:
+                    line = refused.getvalue().strip().splitlines()[-1]
+                    reason = line.partition(" error: ")[2].rpartition("; see ")[0] or line
+                    reason = reason.replace(f"--config {flags_file}: ", "")  # a passing file
+                    raise StudyError(f"{path}: cell {cell.name}'s {what}: {reason}") from None
 
 
 def refuse_shared_folders(path: str, cells: list[Cell]) -> None:
@@ -372,7 +486,7 @@ def toml_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float, str)):
         return json.dumps(value)
-    raise StudyError(f"{value!r} is not a flag value: use a string, a number or true/false")
+    raise StudyError("not a flag value: use a string, a number or true/false")
 
 
 def flag_words(flags: dict[str, object]) -> list[str]:
@@ -386,30 +500,50 @@ def flag_words(flags: dict[str, object]) -> list[str]:
     return words
 
 
-def claim_folder(study: Study) -> None:
-    """Makes the study's folder, or takes it back for the same study; another study's
-    folder is refused: nothing a study writes may overwrite another's."""
+def claim_folder(study: Study) -> Study:
+    """Makes the study's folder, or takes it back for the same study (its axes in the
+    order the folder has them: a cell's name follows it); another study's folder is
+    refused: nothing a study writes may overwrite another's."""
     folder = study.folder
     spec_path = folder / SPEC_NAME
     if spec_path.exists():
         try:
             recorded = json.loads(spec_path.read_text()).get("study")
-        except (ValueError, AttributeError, UnicodeDecodeError):  # not JSON, or not ours
-            raise StudyError(
+            recorded_axes = list(recorded["axes"])
+        except (ValueError, AttributeError, KeyError, TypeError, UnicodeDecodeError):
+            raise StudyError(  # not JSON, or not ours
                 f"{spec_path} is damaged, so which study {folder} holds cannot be told: "
                 "restore it (a copy of it), or give this study another name or savedir"
             ) from None
         if recorded != json.loads(json.dumps(study.spec())):
             raise StudyError(
                 f"{folder} holds another study (its {SPEC_NAME} has other flags or axes): "
-                "give this study another name (name = ... in the file), or another savedir"
+                "give this study another name (name = ... in the file) or another savedir, "
+                f"or move {folder} away to start this one there anew"
             )
-    elif folder.exists() and any(folder.iterdir()):
+        study = dataclasses.replace(study, axes={axis: study.axes[axis] for axis in recorded_axes})
+    elif folder.exists() and any(path.name != LOCK_NAME for path in folder.iterdir()):
         raise StudyError(
             f"{folder} holds files of something other than this study: give the study "
             "another name (name = ... in the file), or another savedir"
         )
     folder.mkdir(parents=True, exist_ok=True)
+    return study
+
+
+@contextlib.contextmanager
+def only_run_of(study: Study) -> Iterator[None]:
+    """Holds the study's folder for this command: the same study started twice at once
+    would train each cell twice, into the same files."""
+    with open(study.folder / LOCK_NAME, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StudyError(
+                f"the study in {study.folder} is running already (another python -m "
+                "torchbeast.study): wait for it to end, or stop it (Ctrl-C) and start again"
+            ) from None
+        yield
 
 
 class Executor(Protocol):
@@ -516,17 +650,24 @@ class Runner:
 def cell_row(cell: Cell) -> dict[str, object]:
     """One row of the study's table: the cell's settings, how it ended, what it learned."""
     state = cell.state()
+    # A cell with logs and no record was stopped before it could write one (a second
+    # Ctrl-C): it trained, it is not "not run".
+    started = (cell.folder / LOGS_NAME).exists()
+    status = state.get("status", "stopped" if started else "not run")
     row: dict[str, object] = {"cell": cell.name, **cell.labels}
-    row.update(status=state.get("status", "not run"), error=state.get("error") or "")
+    row.update(status=status, error=state.get("error") or "")
     row["seconds"] = state.get("seconds", math.nan)
     if "node" in state:  # where a cluster ran it
         row["node"] = state["node"]
     try:
         logs = read_logs(cell.folder)
-        steps, returns = return_last_100_curve(logs)
+        _, returns = return_last_100_curve(logs)
+        best = best_last_100_curve(logs)  # NaN until 100 episodes ended
         row["steps"] = int(logs["step"][-1])
         row["train_return_last_100"] = float(returns[-1]) if returns.size else math.nan
-        row["train_return_best_100"] = float(returns.max()) if returns.size else math.nan
+        row["train_return_best_100"] = (
+            float(np.nanmax(best)) if np.isfinite(best).any() else math.nan
+        )
     except (OSError, ValueError, KeyError, IndexError):
         pass
     for file, prefix in (("eval.json", "eval_"), ("eval_random.json", "random_")):
@@ -623,17 +764,21 @@ def run_study(args: argparse.Namespace) -> tuple[Study, list[dict]]:
         )
     if args.parallel is not None and args.parallel < 1:
         raise StudyError(f"--parallel must be at least 1, got {args.parallel}")
-    claim_folder(study)
+    check_cells(args.study, study)
+    study = claim_folder(study)
     cells = study.cells()
-    try:
-        with executor_for(study, args, len(cells)) as executor:
-            write_table(study, cells)  # the folder says what it holds from the start
-            print(f"Study {study.name}: {len(cells)} cells, {executor.where}, in {study.folder}")
-            Runner(executor, lambda: write_table(study, cells)).run(cells)
-    except KeyboardInterrupt:
-        write_table(study, cells)
-        raise
-    return study, write_table(study, cells)
+    with only_run_of(study):
+        try:
+            with executor_for(study, args, len(cells)) as executor:
+                write_table(study, cells)  # the folder says what it holds from the start
+                print(
+                    f"Study {study.name}: {len(cells)} cells, {executor.where}, in {study.folder}"
+                )
+                Runner(executor, lambda: write_table(study, cells)).run(cells)
+        except KeyboardInterrupt:
+            write_table(study, cells)
+            raise
+        return study, write_table(study, cells)
 
 
 def main(argv: list[str] | None = None) -> int:

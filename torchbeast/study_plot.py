@@ -31,6 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
 from torchbeast.config.argparser import FlagParser
+from torchbeast.core.errors import unwritable
 from torchbeast.curves import read_logs, return_last_100_curve
 from torchbeast.study import SPEC_NAME, StudyError, label, read_study
 
@@ -43,6 +44,8 @@ def load_study(path: str) -> tuple[Path, dict, list[dict]]:
     """The study's folder, its description and its table's rows, from the study file or
     the folder."""
     given = Path(path).expanduser()
+    if not given.exists():
+        raise StudyError(f"no study file or folder {path}: give the study's file or its folder")
     folder = read_study(str(given)).folder if given.is_file() else given
     try:
         spec = json.loads((folder / SPEC_NAME).read_text())
@@ -125,6 +128,12 @@ def panel_title(panel: dict) -> str:
 
 
 def capacity_figure(study: dict, rows: list[dict], capacity: list[str], out: Path) -> Path:
+    """``capacity_plot``, written to ``out``."""
+    capacity_plot(study, rows, capacity).savefig(out, format="png", dpi=100)
+    return out
+
+
+def capacity_plot(study: dict, rows: list[dict], capacity: list[str]) -> Figure:
     """For each panel, each return against the parameter count (log x): seeds as points,
     their mean as a line, the random policy's level dashed."""
     finished = [row for row in rows if row.get("status") == "finished"]
@@ -132,6 +141,8 @@ def capacity_figure(study: dict, rows: list[dict], capacity: list[str], out: Pat
         raise StudyError("no cell of the study has finished yet: nothing to draw")
     figures = returns_measured(finished)
     groups = panels(study["axes"], capacity)
+    counts = (number(row.get("parameters")) for row in finished)
+    sizes_drawn = sorted({count for count in counts if math.isfinite(count)})
     fig = Figure(figsize=(5.0 * len(groups), 4.0))
     FigureCanvasAgg(fig)
     for index, panel in enumerate(groups):
@@ -152,15 +163,25 @@ def capacity_figure(study: dict, rows: list[dict], capacity: list[str], out: Pat
             if random:
                 ax.axhline(np.mean(random), color=colour, linestyle="--", linewidth=1)
         ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())  # labels at powers of ten only
+        # Each model's size labelled (powers of ten alone may label none of them).
+        ax.set_xticks(sizes_drawn, [short_count(size) for size in sizes_drawn])
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("parameters")
         ax.set_ylabel("evaluation return (dashed: random policy)")
         ax.set_title(panel_title(panel), fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # a panel none of whose cells finished: none
+            ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, format="png", dpi=100)
-    return out
+    return fig
+
+
+def short_count(count: float) -> str:
+    """A parameter count as a tick label: 279,876 as 280K, 3,312,000 as 3.31M."""
+    for scale, suffix in ((1e6, "M"), (1e3, "K")):
+        if count >= scale:
+            return f"{count / scale:.3g}{suffix}"
+    return f"{count:.0f}"
 
 
 def curves_figure(folder: Path, rows: list[dict], out: Path) -> Path:
@@ -305,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise StudyError(f"--{flag_name} {path} must end in .png: figures are PNGs")
         if args.heatmap and not args.table:
             raise StudyError("--heatmap draws the --table: give --table DOWN ACROSS too")
+        if args.heatmap and (problem := unwritable(args.heatmap, "--heatmap")):
+            raise StudyError(problem)
         folder, study, rows = load_study(args.study)
         if args.table:
             down, across = args.table
@@ -323,8 +346,17 @@ def main(argv: list[str] | None = None) -> int:
                 )
             return 0
         capacity = args.capacity or [axis for axis in CAPACITY_AXES if axis in study["axes"]]
+        for axis in capacity:
+            if axis not in study["axes"]:
+                raise StudyError(
+                    f"--capacity {axis} is not an axis of the study: its axes are "
+                    f"{', '.join(study['axes'])}"
+                )
         out = Path(args.out) if args.out else folder / "capacity.png"
         curves = Path(args.curves) if args.curves else folder / "curves.png"
+        for flag_name, path in (("--out", out), ("--curves", curves)):
+            if problem := unwritable(str(path), flag_name):
+                raise StudyError(problem)
         print(f"Capacity figure: {capacity_figure(study, rows, capacity, out)}")
         print(f"Learning curves: {curves_figure(folder, rows, curves)}")
     except StudyError as error:

@@ -5,7 +5,9 @@ receives a :class:`PolyEnvSettings` as it is (it pickles)."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import tempfile
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -181,6 +183,16 @@ def addresses_of(flags: argparse.Namespace) -> dict[str, list[str]]:
     else:
         named["--pipes_basename"] = [f"{flags.pipes_basename}.0"]
     return named
+
+
+def sockets_of_its_own(flags: dict[str, object], key: str) -> dict[str, object]:
+    """A study's PolyBeast run's env servers on Unix sockets of its own, named from its
+    ``key`` (short: a socket path has at most 107 bytes), unless its flags place them: on
+    the default --pipes_basename, runs side by side would serve, and dial, each other's."""
+    if any(name in flags for name in ("pipes_basename", "env_servers", "serve")):
+        return {}
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+    return {"pipes_basename": f"unix:{tempfile.gettempdir()}/torchbeast-{digest}"}
 
 
 def poly_env_settings(flags: argparse.Namespace) -> PolyEnvSettings:

@@ -58,6 +58,10 @@ class Runtime:
     # "module:function" (flags, folder) -> {flag: value} that a benchmark run in the
     # temporary ``folder`` sets beyond the user's flags; None: none.
     bench_flags: str | None = None
+    # "module:function" (flags, key) -> {flag: value}: what a run of a study (its flags,
+    # a key of its own) adds so that runs side by side on one machine never meet (shared
+    # addresses); torch-free. None: nothing.
+    study_flags: str | None = None
 
     def load(self, settings: Settings) -> ModuleType:
         """The runtime's module, imported once its ``prepare`` step has run."""
@@ -68,6 +72,11 @@ class Runtime:
     def bench_overrides(self, flags: argparse.Namespace, folder: str) -> dict:
         """The flags a benchmark run in ``folder`` sets for this runtime."""
         return {} if self.bench_flags is None else function(self.bench_flags)(flags, folder)
+
+    def apart_flags(self, flags: dict[str, object], key: str) -> dict[str, object]:
+        """The flags a study's run of ``flags`` adds to run apart from the others
+        (``study_flags``), ``key`` its own."""
+        return {} if self.study_flags is None else function(self.study_flags)(flags, key)
 
     def train(self, settings: Settings, **options) -> dict:
         """Trains with this runtime: its module's ``train``."""
@@ -97,6 +106,7 @@ RUNTIMES = {
             adjust_parser="torchbeast.config.poly_flags:adjust_learner_parser",
             flags_table="torchbeast.config.reference:poly_reference",
             bench_flags="torchbeast.runtime.poly.trainer:bench_flags",
+            study_flags="torchbeast.config.poly:sockets_of_its_own",
         ),
         Runtime(
             "ray",
