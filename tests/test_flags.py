@@ -294,6 +294,8 @@ def test_original_readme_test_mode_command_line_parses():
         (["--entropy_cost", "nan"], "--entropy_cost"),
         (["--grad_norm_clipping", "0"], "--grad_norm_clipping"),
         (["--batch_size", "eight"], "--batch_size"),
+        # It trained into a folder named "$TORCHBEAST_UNSET_VARIABLE" in the working one.
+        (["--savedir", "$TORCHBEAST_UNSET_VARIABLE/x"], "names $TORCHBEAST_UNSET_VARIABLE, "),
     ],
 )
 def test_impossible_value_is_refused_naming_the_flag(capsys, argv, named):

@@ -396,12 +396,15 @@ def test_an_axis_of_named_flag_sets_gives_each_cell_all_of_its_flags(tmp_path):
 def test_a_study_folder_expands_environment_variables_as_its_runs_savedir_does(
     tmp_path, monkeypatch
 ):
-    from torchbeast.study import read_study
+    from torchbeast.study import StudyError, read_study
 
     monkeypatch.setenv("STUDY_ROOT", str(tmp_path / "root"))
     path = write_study(tmp_path, "seed = [1]")
     edit_study(path, str(tmp_path / "runs"), "$STUDY_ROOT/logs")
     assert read_study(path).folder == tmp_path / "root" / "logs" / "grid"
+    monkeypatch.delenv("STUDY_ROOT")  # a folder named "$STUDY_ROOT" in the working one
+    with pytest.raises(StudyError, match=r"savedir names \$STUDY_ROOT, which is not set"):
+        read_study(path)
 
 
 def test_a_cell_without_num_actors_gets_the_actors_of_its_cpus_and_keeps_its_envs(tmp_path):

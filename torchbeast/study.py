@@ -59,7 +59,7 @@ from typing import Protocol
 import numpy as np
 
 from torchbeast.config.argparser import FlagParser
-from torchbeast.config.resolvers import default_layout, expand_savedir
+from torchbeast.config.resolvers import default_layout, expand_savedir, unset_variable
 from torchbeast.core.errors import os_error_line
 from torchbeast.curves import LOGS_NAME, best_last_100_curve, read_logs, return_last_100_curve
 from torchbeast.runtime.processes import child_dies_with_parent
@@ -358,6 +358,10 @@ def read_study(path: str) -> Study:
     if not re.fullmatch(r"[\w.\-]+", str(name)):
         raise StudyError(f"{path}: name {name!r} must be a folder name (letters, digits, . _ -)")
     resources = read_resources(path, table)
+    if unset := unset_variable(str(flags.get("savedir", ""))):
+        raise StudyError(
+            f"{path}: savedir names {unset}, which is not set: set it, or give the path"
+        )
     study = Study(str(name), runtime, flags, axes, eval_flags, resources, random_policy)
     refuse_shared_folders(path, study.cells())
     return study

@@ -117,12 +117,25 @@ def resolve_run_folder(
         parser.error(
             f"--xpid {xpid!r} is not a plain folder name: use letters, digits and . _ - = + only"
         )
+    if unset := unset_variable(flags.savedir):
+        parser.error(
+            f"--savedir {flags.savedir} names {unset}, which is not set: set it, or give the path"
+        )
     return dict(savedir=expand_savedir(flags.savedir), xpid=xpid)
 
 
 def expand_savedir(savedir: str) -> str:
     """--savedir as runs and studies use it: ~ and $VARS expanded."""
     return os.path.expanduser(os.path.expandvars(savedir))
+
+
+def unset_variable(path: str) -> str | None:
+    """The first $VAR (or ${VAR}) in ``path`` that is not set (expanding it would leave it
+    as it is: a folder named "$SCRATCH" in the working directory), or None."""
+    for match in re.finditer(r"\$(\w+|\{([^}]*)\})", path):
+        if (match.group(2) or match.group(1)) not in os.environ:
+            return match.group(0)
+    return None
 
 
 def resolve_seed(
