@@ -176,14 +176,19 @@ class BatchedEnv:
 
 def step_info(info: dict, key: str) -> np.ndarray:
     """``info[key]`` of a vector step, [N]; an env that ended and was reset in this step
-    reports its last step's value, which the vector env keeps under "final_info"."""
-    if key not in info:
+    reports its last step's value, which the vector env keeps under "final_info" (where
+    every env ended, and their resets' info has no such key, only there)."""
+    final = info.get("final_info", {})
+    if key not in info and key not in final:
         raise EnvError(
             f"the environment declares an episode extra from info[{key!r}] but its "
             "steps' info has no such key"
         )
-    values = np.asarray(info[key], dtype=np.float32).copy()
-    if "final_info" in info:
-        ended = info["_final_info"]
-        values[ended] = np.asarray(info["final_info"][key], dtype=np.float32)[ended]
+    ended = info.get("_final_info")
+    if key in info:
+        values = np.asarray(info[key], dtype=np.float32).copy()
+    else:
+        values = np.zeros(len(ended), dtype=np.float32)
+    if key in final:
+        values[ended] = np.asarray(final[key], dtype=np.float32)[ended]
     return values
