@@ -220,6 +220,28 @@ def test_polybeast_stops_with_one_line_when_all_its_env_servers_die(tmp_path, pr
     assert os.path.exists(tmp_path / "r" / "model.tar")  # what was learned is kept
 
 
+@pytest.mark.parametrize("serve", [False, True])
+def test_an_environment_that_raises_stops_polybeast_with_one_line(tmp_path, sockets, serve):
+    # As MonoBeast's and RayBeast's actors do; it was redialled every few seconds, forever,
+    # with a traceback each time (inverted: its client process exits, and so the run).
+    command = [sys.executable, "-m", "torchbeast.polybeast", *LEARNER, "--num_actors", "2"]
+    command += ["--env", "tests.envs_for_tests:Raising-v0", "--total_steps", "100000"]
+    command += ["--savedir", str(tmp_path), "--xpid", "r"]
+    if serve:
+        command += ["--serve", f"unix:{sockets}/learner", "--num_servers", "1"]
+    else:
+        command += ["--num_servers", "2", "--pipes_basename", f"unix:{sockets}/env"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "RuntimeError" in lines[0], lines
+    assert "the emulator crashed" in lines[0]
+    if not serve:
+        assert "the environment failed: RuntimeError: the emulator crashed" in lines[0]
+        log = text(tmp_path / "r" / "out.log")  # where MonoBeast puts an actor's traceback
+        assert "Traceback (most recent call last)" in log and "raise RuntimeError" in log
+
+
 # --------------------------------------------------------------------------- inverted
 
 

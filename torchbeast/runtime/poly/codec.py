@@ -30,6 +30,11 @@ SCALAR_BYTES_PER_ENV = 48  # reward, done, episode_end, the episode return and s
 EXTRA_OVERHEAD_BYTES = 32  # an episode extra's map entry, besides its name and values
 
 
+# How an env server ends a stream whose environment raised (gRPC's ABORTED): this, the
+# error's line, then its traceback (the learner that started the server logs it).
+ENV_FAILED = "the environment failed: "
+
+
 class ProtocolError(ValueError):
     """A peer sent a message that does not follow the protocol; the message says how."""
 

@@ -50,10 +50,16 @@ def dial(
                 requests.put(action)
             reason = "it closed the stream"
         except grpc.RpcError as error:
-            code = error.code()
+            code, details = error.code(), error.details() or ""
             if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                pool.fail(f"env server {address} refused the learner: {shown(error.details())}")
+                pool.fail(f"env server {address} refused the learner: {shown(details)}")
             reason = code.name
+            if code == grpc.StatusCode.ABORTED and details.startswith(codec.ENV_FAILED):
+                line, _, trace = details.removeprefix(codec.ENV_FAILED).partition("\n")
+                reason = codec.ENV_FAILED + shown(line, quote=False)
+                if pool.owns_envs:  # this command's env servers: the run's own env failed
+                    log.error("Env server %s: %s", address, trace)
+                    pool.fail(f"env server {address}: {reason} (traceback in out.log)")
         except codec.ProtocolError as error:
             reason = f"it sent a bad stream: {error}"
         except OverBudget as error:

@@ -10,6 +10,7 @@ This side never imports torch: env machines need only the environments and gRPC.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import multiprocessing as mp
@@ -19,7 +20,9 @@ import signal
 import socket
 import sys
 import threading
+import traceback
 from collections.abc import Iterator
+from multiprocessing.queues import SimpleQueue
 
 import grpc
 import numpy as np
@@ -36,6 +39,7 @@ from torchbeast.runtime.supervision import join_or_kill
 log = logging.getLogger("torchbeast")
 
 MAX_BACKOFF_S = 5.0
+MAX_TRACEBACK_CHARS = 4000  # of an environment's error, sent to the learner
 # A client that hears one of these will not be let in by trying again.
 FATAL_CODES = (
     grpc.StatusCode.UNAUTHENTICATED,
@@ -44,6 +48,26 @@ FATAL_CODES = (
     grpc.StatusCode.FAILED_PRECONDITION,
     grpc.StatusCode.UNIMPLEMENTED,
 )
+
+
+class EnvFailed(Exception):
+    """The environment itself raised (a bug of its, not the stream's): its error's line,
+    with ``details`` its traceback."""
+
+    def __init__(self, error: Exception):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.details = traceback.format_exc()
+
+
+@contextlib.contextmanager
+def its_own_failure() -> Iterator[None]:
+    """Raises what the environment raises as EnvFailed (a bad Action stays ProtocolError)."""
+    try:
+        yield
+    except codec.ProtocolError:
+        raise
+    except Exception as error:
+        raise EnvFailed(error) from error
 
 
 def env_session(
@@ -58,11 +82,14 @@ def env_session(
     The stream carries ``settings.envs_per_stream`` envs, stepped together.
     """
     num_envs = settings.envs_per_stream
-    env = envs.create_env(settings.env, num_envs=num_envs, num_threads=1)
+    with its_own_failure():
+        env = envs.create_env(settings.env, num_envs=num_envs, num_threads=1)
     try:
         num_actions, extras = env.spec.num_actions, env.spec.episode_extras
         yield codec.hello(client_id, env.spec, num_envs)
-        yield codec.step_message(env.reset(seed=seed), extras)
+        with its_own_failure():
+            first = codec.step_message(env.reset(seed=seed), extras)
+        yield first
         for steps, message in enumerate(actions, start=1):
             action = np.asarray(message.action, dtype=np.int64)
             if action.shape != (num_envs,) or not ((0 <= action) & (action < num_actions)).all():
@@ -70,7 +97,9 @@ def env_session(
                     f"an Action needs {num_envs} actions in [0, {num_actions}), got "
                     f"{list(message.action)[:8]}"
                 )
-            yield codec.step_message(env.step(action), extras)
+            with its_own_failure():
+                step = codec.step_message(env.step(action), extras)
+            yield step
             if steps == max_steps:
                 return
     finally:
@@ -89,6 +118,7 @@ class EnvServicer(pb_grpc.EnvServerServicer):
         self.server_index = server_index
         self.num_servers = len(settings.network.server_addresses())
         self.counter = itertools.count()
+        self.failures_said: set[str] = set()  # each environment error's traceback once
 
     def StreamEnv(self, request_iterator, context):  # noqa: N802 (gRPC's name)
         stream_index = next(self.counter)
@@ -100,6 +130,16 @@ class EnvServicer(pb_grpc.EnvServerServicer):
         except codec.ProtocolError as error:
             log.warning("Closing stream %s from %s: %s", client_id, context.peer(), error)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except EnvFailed as error:
+            if str(error) in self.failures_said:
+                log.warning("Stream %s: %s%s", client_id, codec.ENV_FAILED, error)
+            else:  # a learner redials every few seconds: one traceback for each error
+                self.failures_said.add(str(error))
+                log.warning("Stream %s: %s%s", client_id, codec.ENV_FAILED, error.details)
+            context.abort(
+                grpc.StatusCode.ABORTED,  # the traceback's end: gRPC's metadata takes 8 KiB
+                f"{codec.ENV_FAILED}{error}\n{error.details[-MAX_TRACEBACK_CHARS:]}",
+            )
 
 
 def serve(settings: PolyEnvSettings, address: str, server_index: int, ready=None) -> None:
@@ -179,7 +219,8 @@ def run_client(
         except Exception as error:  # e.g. the environment failed: one line, and stop
             if not isinstance(error, grpc.RpcError):
                 log.exception("Env client %s failed.", client_id)
-                failures.append(f"env client {client_id} failed: {error!r}")
+                what = f"{codec.ENV_FAILED}{error}" if isinstance(error, EnvFailed) else repr(error)
+                failures.append(f"env client {client_id}: {what}")
                 stop.set()
                 break
             if error.code() in FATAL_CODES:
@@ -198,8 +239,9 @@ def run_client(
     channel.close()
 
 
-def run_clients(settings: PolyEnvSettings, process_index: int = 0) -> int:
-    """``clients_per_process`` env clients in this process, each on its own thread."""
+def run_clients(settings: PolyEnvSettings, process_index: int = 0) -> str | None:
+    """``clients_per_process`` env clients in this process, each on its own thread, until
+    a signal; the first one's failure, if one failed (which stops the others)."""
     stop = _stop_on_signals()
     failures: list[str] = []
     threads = [
@@ -213,10 +255,7 @@ def run_clients(settings: PolyEnvSettings, process_index: int = 0) -> int:
     for thread in threads:
         while thread.is_alive():
             thread.join(0.2)
-    if failures:
-        print(f"error: {failures[0]}", file=sys.stderr)
-        return 1
-    return 0
+    return failures[0] if failures else None
 
 
 # --------------------------------------------------------------------------- processes
@@ -229,25 +268,43 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def process_main(settings: PolyEnvSettings, index: int, log_level: int = logging.INFO) -> None:
-    """One env process: started by :func:`start_processes`, through ``guarded_main``."""
+def process_main(
+    settings: PolyEnvSettings,
+    index: int,
+    log_level: int = logging.INFO,
+    failures: SimpleQueue | None = None,
+) -> None:
+    """One env process: started by :func:`start_processes`, through ``guarded_main``.
+    Its error line goes to stderr, and to ``failures`` where the command that started it
+    says it (``polybeast``: then all it writes goes to stdout, gRPC's own lines too,
+    stderr being the run's one error line's)."""
+    if failures is not None:
+        sys.stderr.flush()
+        os.dup2(sys.stdout.fileno(), sys.stderr.fileno())
     logging.basicConfig(
         format="[%(levelname)s:%(process)d %(asctime)s] %(message)s", level=log_level
     )
     try:
         if settings.connect:
-            sys.exit(run_clients(settings, index))
-        serve(settings, settings.network.server_addresses()[index], index)
+            failure = run_clients(settings, index)
+        else:
+            serve(settings, settings.network.server_addresses()[index], index)
+            failure = None
     except network.NetworkError as error:
-        print(f"error: {error}", file=sys.stderr)
+        failure = str(error)
+    if failure is not None:
+        print(f"error: {failure}", file=sys.stderr)
+        if failures is not None:
+            failures.put(failure)
         sys.exit(1)
 
 
 def start_processes(
-    settings: PolyEnvSettings, log_level: int = logging.INFO
+    settings: PolyEnvSettings, log_level: int = logging.INFO, failures: SimpleQueue | None = None
 ) -> list[mp.process.BaseProcess]:
     """Starts ``num_servers`` env server (or, with ``--connect``, env client) processes;
-    their log lines below ``log_level`` are not shown (``polybeast --suppress_logs``)."""
+    their log lines below ``log_level`` are not shown (``polybeast --suppress_logs``);
+    ``failures``: see :func:`process_main`."""
     envs.env_spec(settings.env)  # a bad --env is one error line here, not one per process
     context = mp.get_context("spawn")
     count = (
@@ -259,7 +316,7 @@ def start_processes(
     processes = [
         context.Process(
             target=guarded_main,
-            args=(os.getpid(), entry, settings, i, log_level),
+            args=(os.getpid(), entry, settings, i, log_level, failures),
             name=f"env-{i}",
             daemon=True,
         )

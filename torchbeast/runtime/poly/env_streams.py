@@ -15,6 +15,9 @@ class EnvStreams(Protocol):
     """Runs env streams: ``PolyActorPool``."""
 
     stopping: threading.Event
+    # Whether this command started the env processes: their environment's failure is
+    # then the run's own (as in MonoBeast), not a peer's.
+    owns_envs: bool
 
     def serve_env(
         self, incoming: Iterator[pb.EnvMessage], cancel: Callable[[], object]

@@ -26,6 +26,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from multiprocessing.queues import SimpleQueue
 
 import grpc
 from torch import nn
@@ -69,8 +70,10 @@ class PolyActorPool(Pool):
         settings: Settings,
         env_processes: list | None = None,
         spec: EnvSpec | None = None,
+        env_failures: SimpleQueue | None = None,
     ):
-        """``env_processes``: the env processes this command started, watched for exits.
+        """``env_processes``: the env processes this command started, watched for exits;
+        ``env_failures``: where their error lines come (``env_side.process_main``).
         ``spec``: the environment the run trains on, if the learner knows it; otherwise the
         first Hello decides it."""
         self.poly = poly = settings.runtime
@@ -80,6 +83,8 @@ class PolyActorPool(Pool):
         self.batch_size = settings.learner.batch_size
         self.unroll_length = settings.learner.unroll_length
         self.env_processes = env_processes or []
+        self.owns_envs = bool(self.env_processes)
+        self.env_failures = env_failures
         self.run_spec = RunSpec(spec)
         self.model_ready = threading.Event()
         super().__init__()
@@ -316,10 +321,16 @@ class PolyActorPool(Pool):
         while not self.stopping.wait(1.0):
             codes = [process.exitcode for process in self.env_processes]
             if all(code is not None for code in codes):
-                self.fail(
-                    f"every env process this command started has exited (exit codes {codes}); "
-                    "their errors are in the output above"
-                )
+                failures = self.env_failures
+                if failures is not None and not failures.empty():
+                    self.fail(
+                        f"every env process this command started has exited: {failures.get()}"
+                    )
+                else:
+                    self.fail(
+                        f"every env process this command started has exited (exit codes "
+                        f"{codes}); their errors are in the output above"
+                    )
 
     def _watch_connections(self) -> None:
         """Says once when no environment is left, instead of waiting silently."""

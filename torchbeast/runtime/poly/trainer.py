@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import multiprocessing as mp
 import os
 import tempfile
 from collections.abc import Iterator
@@ -93,11 +94,12 @@ def session(settings: Settings, start_envs: bool = True) -> Iterator[PolyTrainer
             network.check_can_listen(address)
     quiet = settings.run.suppress_logs  # the env processes' INFO lines go too
     log_level = logging.WARNING if quiet else logging.INFO
-    processes = env_side.start_processes(env_settings, log_level) if start_envs else []
+    failures = mp.get_context("spawn").SimpleQueue() if start_envs else None
+    processes = env_side.start_processes(env_settings, log_level, failures) if start_envs else []
     try:
         check_run_dir(settings.run)
         spec = learner_spec(settings)
-        pool = PolyActorPool(settings, processes, spec)
+        pool = PolyActorPool(settings, processes, spec, failures)
         try:
             pool.listen()
             yield PolyTrainer(settings, pool)
