@@ -58,8 +58,9 @@ def test_video_is_refused_in_one_line_where_it_cannot_be_written(tmp_path):
     assert "--video x.mp4 must end in .gif" in tested.stderr
 
 
-def test_an_env_that_cannot_draw_itself_is_refused_in_one_line(tmp_path):
+def test_an_env_that_cannot_draw_itself_is_refused_in_one_line(tmp_path, monkeypatch):
     # PixelCue declares no render mode; before, --video ended in a TypeError's traceback.
+    monkeypatch.setenv("DISPLAY", ":99")  # test_render asks for one first (none is opened)
     for mode in (["--mode", "test", "--video", "cue.gif"], ["--mode", "test_render"]):
         played = monobeast(
             tmp_path, "--env", "torchbeast/PixelCue-v0", "--random_policy", "--xpid", "cue", *mode

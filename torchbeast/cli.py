@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -49,6 +50,11 @@ def report_errors(body: Callable[[], object]) -> int:
     return 0
 
 
+def has_display() -> bool:
+    """Whether a window can open here (X11 or Wayland)."""
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
 def run(
     parser: argparse.ArgumentParser,
     argv: list[str] | None,
@@ -68,6 +74,11 @@ def run(
             video.check_path(settings.run.video)
         except video.VideoError as error:
             parser.error(str(error))
+    if mode == "test_render" and sys.platform == "linux" and not has_display():
+        parser.error(
+            "--mode test_render opens a window, and this machine has no display ($DISPLAY "
+            "is not set): record the games with --mode test --video FILE.gif instead"
+        )
     if settings.run.random_policy and mode == "train":
         parser.error("--random_policy plays in --mode test and eval; it does not train")
     if mode == "train" and sources.get("num_episodes") == COMMAND_LINE:

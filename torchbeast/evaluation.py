@@ -8,11 +8,14 @@ returns, per step), prints mean ± std, and writes the figures to ``savedir/xpid
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
-from collections.abc import Sequence
+import time
+import traceback
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -20,6 +23,7 @@ import torch
 from torchbeast import envs, video
 from torchbeast.config.settings import Settings
 from torchbeast.core import checkpoint
+from torchbeast.core.errors import write_failure
 from torchbeast.core.models import Agent, create_model, model_config
 from torchbeast.core.precision import compute_dtype
 from torchbeast.core.settings import ModelSettings
@@ -85,9 +89,21 @@ class Trained:
 def load_trained(settings: Settings) -> Trained:
     """The run's checkpoint, with the env id resolved. A random policy needs none where
     ``--env`` is given."""
-    path = checkpoint.path_in(settings.run.run_dir)
-    if settings.run.random_policy and settings.env.env and not os.path.exists(path):
-        return Trained({}, "", settings.env)
+    run_dir = settings.run.run_dir
+    path = checkpoint.path_in(run_dir)
+    if not os.path.exists(path):
+        if settings.run.random_policy:
+            if settings.env.env:
+                return Trained({}, "", settings.env)
+            raise checkpoint.CheckpointError(
+                f"no checkpoint at {path} to take the env from: give the random policy its "
+                "env with --env"
+            )
+        if os.path.exists(os.path.join(run_dir, "logs.csv")):  # a run, not yet saved
+            raise checkpoint.CheckpointError(
+                f"the run in {run_dir} has no checkpoint yet: it writes one every "
+                "--checkpoint_interval seconds and as it ends (none with --disable_checkpoint)"
+            )
     state = checkpoint.load(path)
     env = settings.env
     if env.env is None:
@@ -121,21 +137,26 @@ def play(settings: Settings, trained: Trained, render: bool = False) -> list[Epi
     run = settings.run
     recorder = None if run.video is None else video.Recorder(run.video, run.video_steps)
     render_mode = "human" if render else ("rgb_array" if recorder else None)
-    env = envs.create_env(trained.env, num_envs=1, render=render_mode)
+    with environment_errors():
+        env = envs.create_env(trained.env, num_envs=1, render=render_mode)
     proxy = envs.reward_description(trained.env) is not None
     return_name = "proxy_return" if proxy else "return"
     try:
         model = policy(settings, trained, env.spec)
         spec = env.spec
         episodes: list[Episode] = []
-        env_output = as_tensors(env.reset(seed=trained.env.seed))
+        with environment_errors():
+            env_output = as_tensors(env.reset(seed=trained.env.seed))
         core_state = model.initial_state(1)
         if recorder is not None:
             recorder.add(env.frame())
+        progress = EpisodeProgress(settings.run.num_episodes)
         while len(episodes) < settings.run.num_episodes:
             agent_output, core_state = act(model, env_output, core_state)
-            step = env.step(agent_output["action"].numpy())
+            with environment_errors():
+                step = env.step(agent_output["action"].numpy())
             env_output = as_tensors(step)
+            progress.step(len(episodes))
             if recorder is not None and not recorder.full:
                 recorder.add(env.frame())
             if step["episode_end"][0]:
@@ -157,15 +178,61 @@ def play(settings: Settings, trained: Trained, render: bool = False) -> list[Epi
                     episodes[-1].episode_return,
                 )
         if recorder is not None:
-            log.info(
-                "Recorded %d steps of play in %s (%.0f s).",
-                recorder.save(),
-                recorder.path,
-                len(recorder.frames) / recorder.fps,
-            )
+            try:
+                log.info(
+                    "Recorded %d steps of play in %s (%.0f s).",
+                    recorder.save(),
+                    recorder.path,
+                    len(recorder.frames) / recorder.fps,
+                )
+            except OSError as error:  # the games' figures are kept: eval.json follows
+                log.warning("Could not write the video %s: %s", recorder.path, write_failure(error))
         return episodes
     finally:
         env.close()
+
+
+PROGRESS_INTERVAL_S = 60.0
+
+
+class EpisodeProgress:
+    """A line every minute of a game that goes on (an env without a time limit can play
+    one forever): how many steps the episode under way has taken."""
+
+    def __init__(self, num_episodes: int):
+        self.num_episodes = num_episodes
+        self.steps = 0
+        self.episodes = 0
+        self.next_line = time.monotonic() + PROGRESS_INTERVAL_S
+
+    def step(self, episodes_ended: int) -> None:
+        if episodes_ended != self.episodes:
+            self.episodes, self.steps = episodes_ended, 0
+        self.steps += 1
+        if time.monotonic() >= self.next_line:
+            self.next_line += PROGRESS_INTERVAL_S
+            log.info(
+                "Playing episode %d of %d: %d steps so far (an env without a time limit may "
+                "never end one).",
+                self.episodes + 1,
+                self.num_episodes,
+                self.steps,
+            )
+
+
+@contextlib.contextmanager
+def environment_errors() -> Iterator[None]:
+    """What the environment raises as one line (EnvError), its traceback logged above it,
+    as training says an actor's failure."""
+    try:
+        yield
+    except (envs.EnvError, KeyboardInterrupt):
+        raise
+    except Exception as error:
+        log.error("The environment failed:\n%s", traceback.format_exc())
+        raise envs.EnvError(
+            f"the environment failed: {type(error).__name__}: {error} (traceback above)"
+        ) from error
 
 
 def policy(settings: Settings, trained: Trained, spec: EnvSpec) -> Agent | RandomPolicy:
@@ -216,6 +283,8 @@ def evaluate(settings: Settings) -> dict:
     for name, figure in summary.items():
         log.info("%-22s %10.2f ± %.2f", name, figure["mean"], figure["std"])
     report: dict[str, object] = {"xpid": xpid, "env": trained.env.env}
+    if "step" in state:  # which checkpoint was played: a run still training saves more
+        report["step"] = state["step"]
     report["num_episodes"] = len(episodes)
     if settings.run.random_policy:
         report["policy"] = "random"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from torchbeast.core.errors import UserError
+from torchbeast.core.errors import UserError, unwritable
 
 MIN_SIDE = 160  # pixels: smaller pictures (MinAtar's 10x10) are scaled up to at least this
 
@@ -17,9 +17,12 @@ class VideoError(UserError, ValueError):
 
 
 def check_path(path: str) -> None:
-    """Refuses a --video that would not be a GIF, before any game is played."""
+    """Refuses a --video that would not be a GIF, or could not be written, before any
+    game is played (not after every game, losing their figures)."""
     if not path.lower().endswith(".gif"):
         raise VideoError(f"--video {path} must end in .gif: the games are written as a GIF")
+    if problem := unwritable(path, "--video"):
+        raise VideoError(problem)
 
 
 class Recorder:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from torchbeast.config.layers import DEFAULT
+from torchbeast.core.filewriter import LATEST
 
 # Where each flag's value came from ("default", "command line", a preset, ...: ``layers``).
 Sources = Mapping[str, str]
@@ -111,7 +112,7 @@ def resolve_run_folder(
     flags: argparse.Namespace, parser: argparse.ArgumentParser, sources: Sources
 ) -> dict:
     """--savedir with ~ and $VARS expanded; --xpid, a plain folder name, from the time if
-    not given."""
+    not given, and ``latest`` the name of the run that link points at."""
     xpid = flags.xpid or "torchbeast-" + time.strftime("%Y%m%d-%H%M%S")
     if not re.fullmatch(r"[A-Za-z0-9._=+-]+", xpid) or xpid in (".", ".."):
         parser.error(
@@ -121,7 +122,17 @@ def resolve_run_folder(
         parser.error(
             f"--savedir {flags.savedir} names {unset}, which is not set: set it, or give the path"
         )
-    return dict(savedir=expand_savedir(flags.savedir), xpid=xpid)
+    savedir = expand_savedir(flags.savedir)
+    if xpid == LATEST:  # the run the link points at, in every mode: training resumes it
+        link = os.path.join(savedir, LATEST)
+        if os.path.islink(link):
+            xpid = os.path.basename(os.readlink(link))
+        elif flags.mode == "train":
+            parser.error(
+                f"--xpid latest names the last run in {savedir}, and there is none: give "
+                "the run a name, or leave --xpid out"
+            )
+    return dict(savedir=savedir, xpid=xpid)
 
 
 def expand_savedir(savedir: str) -> str:

@@ -30,6 +30,7 @@ VERSIONED_PACKAGES = ("torch", "numpy", "gymnasium", "ale-py", "torchbeast")
 # What a run leaves in its folder besides its checkpoint and the files FileWriter names.
 EARLIER_RUN_FILES = ("eval.json",)
 TENSORBOARD_PREFIX = "events.out.tfevents."
+LATEST = "latest"  # savedir/latest: a link to the last run that started there
 
 
 def versions() -> dict[str, str | None]:
@@ -213,7 +214,7 @@ class FileWriter:
             return 0
 
     def _link_latest(self, savedir: str, xpid: str) -> None:
-        link = os.path.join(savedir, "latest")
+        link = os.path.join(savedir, LATEST)
         try:
             if os.path.islink(link):
                 os.remove(link)

@@ -1,0 +1,93 @@
+"""Test and eval modes as a user meets them: which run they play, what eval.json says of
+it, and each mistake or failure said in one line before (or without) losing the games."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.test_monobeast import REPO, assert_one_error_line, monobeast, read_rows
+
+TRAIN = ["--env", "CartPole-v1", "--num_actors", "1", "--envs_per_actor", "2"]
+TRAIN += ["--batch_size", "2", "--unroll_length", "20", "--disable_cuda"]
+
+
+def test_xpid_latest_is_the_last_run_in_every_mode_and_training_resumes_it(tmp_path):
+    assert monobeast(tmp_path, *TRAIN, "--total_steps", "400", "--xpid", "a").returncode == 0
+    # It broke the link (latest -> latest) and failed, blaming --savedir.
+    again = monobeast(tmp_path, *TRAIN, "--total_steps", "800", "--xpid", "latest")
+    assert again.returncode == 0, again.stderr
+    assert os.readlink(tmp_path / "latest") == "a"
+    assert int(read_rows(tmp_path / "a" / "logs.csv")[-1]["step"]) >= 800
+    played = monobeast(tmp_path, "--mode", "eval", "--xpid", "latest", "--num_episodes", "1")
+    assert played.returncode == 0, played.stderr
+    report = json.loads((tmp_path / "a" / "eval.json").read_text())
+    assert report["xpid"] == "a"  # "latest" before
+    assert report["step"] == int(read_rows(tmp_path / "a" / "logs.csv")[-1]["step"])
+    fresh = monobeast(tmp_path / "new", *TRAIN, "--xpid", "latest")
+    assert fresh.returncode == 2
+    assert "--xpid latest names the last run in" in fresh.stderr
+    assert "and there is none: give the run a name" in fresh.stderr
+
+
+def test_a_video_that_cannot_be_written_is_refused_before_any_game(tmp_path):
+    assert monobeast(tmp_path, *TRAIN, "--total_steps", "200", "--xpid", "a").returncode == 0
+    missing = tmp_path / "no" / "play.gif"
+    # It played every game, then lost them all to the video's error (eval.json unwritten).
+    played = monobeast(tmp_path, "--mode", "eval", "--xpid", "a", "--video", str(missing))
+    assert played.returncode == 2
+    assert f"--video {missing}: no folder {missing.parent}: create it" in played.stderr
+    assert "Episode 1 ended" not in played.stdout
+
+
+def test_test_render_without_a_display_says_so_and_what_to_use(tmp_path):
+    environment = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    played = subprocess.run(  # it played every game in no window, and exited 0
+        [sys.executable, "-m", "torchbeast.monobeast", "--mode", "test_render", "--random_policy",
+         "--env", "CartPole-v1", "--savedir", str(tmp_path), "--xpid", "a"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, env=environment,
+    )  # fmt: skip
+    assert played.returncode == 2
+    assert "--mode test_render opens a window, and this machine has no display" in played.stderr
+    assert "--mode test --video FILE.gif" in played.stderr
+
+
+def test_an_environment_that_raises_in_play_is_one_line_with_its_traceback_above(tmp_path):
+    played = monobeast(
+        tmp_path, "--mode", "test", "--random_policy", "--xpid", "a", "--num_episodes", "100",
+        "--env", "tests.envs_for_tests:Raising-v0",
+    )  # fmt: skip
+    assert_one_error_line(
+        played, "the environment failed: RuntimeError: the emulator crashed (traceback above)"
+    )
+    assert "raise RuntimeError" in played.stdout
+
+
+def test_a_run_without_a_checkpoint_yet_says_so_not_train_first(tmp_path):
+    run = [*TRAIN, "--total_steps", "200", "--disable_checkpoint", "--xpid", "a"]
+    assert monobeast(tmp_path, *run).returncode == 0
+    played = monobeast(tmp_path, "--mode", "eval", "--xpid", "a")
+    assert_one_error_line(played, f"the run in {tmp_path / 'a'} has no checkpoint yet")
+    assert "--disable_checkpoint" in played.stderr
+    random = monobeast(tmp_path, "--mode", "test", "--random_policy", "--xpid", "b")
+    assert_one_error_line(random, "give the random policy its env with --env")
+
+
+def test_a_game_that_goes_on_says_so_every_minute(monkeypatch, caplog):
+    from torchbeast import evaluation
+
+    clock = [1000.0]
+    monkeypatch.setattr(evaluation.time, "monotonic", lambda: clock[0])
+    progress = evaluation.EpisodeProgress(num_episodes=3)
+    with caplog.at_level("INFO", logger="torchbeast"):
+        for _ in range(5):  # 5 steps of the first game in 50 s: no line yet
+            clock[0] += 10
+            progress.step(episodes_ended=0)
+        clock[0] += 10
+        progress.step(episodes_ended=0)  # a minute in
+        progress.step(episodes_ended=1)  # the next game starts counting anew
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("Playing episode 1 of 3: 6 steps so far")
+    assert progress.steps == 1 and progress.episodes == 1
