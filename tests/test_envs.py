@@ -412,3 +412,16 @@ def test_listing_envs_with_a_filter_that_matches_none_says_so(capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("error: no environment id contains 'NoSuchGameAnywhere'")
+
+
+def test_a_scalar_box_observation_is_refused_naming_the_fix():
+    from torchbeast.envs.batched import space_problem
+
+    # It trained into a traceback ("Dimension out of range") in the model.
+    scalar = gym.spaces.Box(-1.0, 1.0, (), np.float32)
+    problem = space_problem(scalar, gym.spaces.Discrete(2))
+    assert problem.startswith("a Box observation of shape () (a single number)")
+    assert "ReshapeObservation" in problem
+    assert (
+        space_problem(gym.spaces.Box(-1.0, 1.0, (1,), np.float32), gym.spaces.Discrete(2)) is None
+    )

@@ -25,6 +25,11 @@ def space_problem(observation_space: gym.Space, action_space: gym.Space) -> str 
             f"a {type(observation_space).__name__} observation space; "
             "torchbeast supports Box observations only"
         )
+    if observation_space.shape == ():
+        return (
+            "a Box observation of shape () (a single number); torchbeast takes arrays: give "
+            "the env a shape of (1,), e.g. with gymnasium.wrappers.ReshapeObservation"
+        )
     dtype = np.dtype(observation_space.dtype)
     if dtype not in SUPPORTED_OBSERVATION_DTYPES:
         return f"{dtype} observations; torchbeast supports " + ", ".join(
