@@ -93,9 +93,31 @@ def test_a_step_of_several_envs_round_trips():
         np.testing.assert_array_equal(fields[name], step[name])
 
 
-def test_hello_round_trips_the_spec_and_number_of_envs():
-    wire = pb.EnvMessage.FromString(codec.hello("client-7", PONG, 8).SerializeToString())
-    assert codec.read_hello(wire) == ("client-7", PONG, 8)
+def test_hello_round_trips_the_spec_number_of_envs_and_env_options():
+    options = {"fuel_multiplier": 5.0, "move_penalty": None, "no_fire_on_life_loss": False}
+    message = codec.hello("client-7", PONG, 8, options)
+    wire = pb.EnvMessage.FromString(message.SerializeToString())
+    given = {"fuel_multiplier": 5.0, "no_fire_on_life_loss": False}  # not given: left out
+    assert codec.read_hello(wire) == ("client-7", PONG, 8, given)
+    assert codec.read_hello(codec.hello("old", PONG, 1))[3] == {}  # an older env side's
+
+
+@pytest.mark.parametrize(
+    "options, said",
+    [
+        ({"fuel_multiplier": "NaN"}, "is not a flag value"),
+        ({"fuel_multiplier": "[1, 2]"}, "is not a flag value"),
+        ({"fuel_multiplier": "not json"}, "is not a flag value"),
+        ({"bad name!": "1"}, "is no flag name with a short value"),
+        ({"x": '"' + "y" * 300 + '"'}, "is no flag name with a short value"),
+        ({f"o{i}": "1" for i in range(codec.MAX_ENV_OPTIONS + 1)}, "at most 64 env options"),
+    ],
+)
+def test_a_hellos_env_options_are_checked_as_a_peers_data(options, said):
+    message = codec.hello("client", PONG, 1)
+    message.hello.env_options.update(options)
+    with pytest.raises(codec.ProtocolError, match=said):
+        codec.read_hello(pb.EnvMessage.FromString(message.SerializeToString()))
 
 
 @pytest.mark.parametrize(
@@ -202,7 +224,7 @@ def test_a_step_with_episode_extras_round_trips_them_by_name():
 def test_hello_round_trips_the_names_of_the_episode_extras():
     wire = pb.EnvMessage.FromString(codec.hello("client", COINS, 2).SerializeToString())
     assert list(wire.hello.episode_extras) == ["coins", "gems"]
-    assert codec.read_hello(wire) == ("client", COINS, 2)
+    assert codec.read_hello(wire) == ("client", COINS, 2, {})
 
 
 def test_a_step_without_an_episode_extra_its_hello_named_is_refused():

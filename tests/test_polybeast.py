@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import signal
@@ -125,6 +126,52 @@ def test_riverraid_proxy_is_computed_by_the_env_servers_and_logged_by_the_learne
     assert evaluated.returncode == 0, evaluated.stderr
     assert "RiverraidNoFrameskip-v4" in (tmp_path / "run" / "eval.json").read_text()
     assert "WARNING" not in evaluated.stdout + evaluated.stderr  # the same proxy flags
+
+
+def test_a_learner_told_no_env_records_its_env_servers_proxy_and_refuses_another(
+    tmp_path, sockets, processes
+):
+    # The manual's way: the proxy flags on polybeast_env only. eval.json said the run was
+    # trained on the game score, and env servers of two proxies fed one run unnoticed.
+    riverraid = ["--env", "RiverraidNoFrameskip-v4", "--num_servers", "1"]
+    for name, fuel in (("five", "5"), ("one", "1")):
+        processes(
+            "torchbeast.polybeast_env", *riverraid, "--fuel_multiplier", fuel,
+            "--pipes_basename", f"unix:{sockets}/{name}", log=tmp_path / f"{name}.log",
+        )  # fmt: skip
+    learner = [sys.executable, "-m", "torchbeast.polybeast_learner", "--batch_size", "2"]
+    learner += ["--unroll_length", "20", "--hidden_size", "64", "--disable_cuda"]
+    learner += ["--savedir", str(tmp_path), "--xpid", "run"]
+    first = subprocess.run(
+        [*learner, "--env_servers", f"unix:{sockets}/five.0", "--total_steps", "200"],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)
+    assert state["flags"]["fuel_multiplier"] == 5.0
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["sources"]["fuel_multiplier"] == "its environments"
+    evaluated = subprocess.run(
+        [*learner[:3], "--mode", "eval", "--savedir", str(tmp_path), "--xpid", "run",
+         "--num_episodes", "1", "--fuel_multiplier", "5"],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr
+    report = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert report["trained_with_reward_proxy"] == report["reward_proxy"]
+    assert report["reward_proxy"]["fuel_multiplier"] == 5.0
+    assert "WARNING" not in evaluated.stdout + evaluated.stderr
+    # Resumed against an env server of another proxy: refused, as its checkpoint says.
+    other = subprocess.run(
+        [*learner, "--env_servers", f"unix:{sockets}/one.0", "--total_steps", "400"],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert other.returncode == 1
+    assert (
+        other.stderr.strip()
+        .splitlines()[-1]
+        .endswith("does not match the run's environments, made with --fuel_multiplier 5.0")
+    )
 
 
 def test_an_envs_episode_extras_cross_the_wire_and_reach_logs_csv(tmp_path, sockets):

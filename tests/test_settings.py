@@ -88,7 +88,7 @@ def test_a_resumed_learners_env_comes_from_its_checkpoint_and_leaves_settings_as
     settings = poly_settings("--savedir", str(tmp_path))
     (tmp_path / "x").mkdir()
     checkpoint.save(str(tmp_path / "x" / "model.tar"), {"env": "CartPole-v1"})
-    assert learner_spec(settings).env_id == "CartPole-v1"
+    assert learner_spec(settings)[0].env_id == "CartPole-v1"
     assert settings.env.env is None
 
 

@@ -96,7 +96,10 @@ class RunCheckpoint:
         progress: Progress,
         path: str,
         replay: Replay | None = None,
+        flags: dict[str, object] | None = None,
     ):
+        """``flags``: what the checkpoint records as the run's flags (the run's own with
+        the env id it resolved, unless given)."""
         self.settings = settings
         self.progress = progress
         self.run = settings.run
@@ -108,6 +111,7 @@ class RunCheckpoint:
         self.replay_path = os.path.join(os.path.dirname(path), REPLAY_FILE_NAME)
         self.changes: str | None = None  # after a resume: the settings the command changed
         self.replay_line: str | None = None  # after a resume: what became of the replay
+        self.flags = flags or settings.run.recorded_flags(env_spec.env_id)
         self.saved_step: int | None = None  # the step the checkpoint on disk holds
         self.starts = 1  # this start of the run is its n-th
 
@@ -183,7 +187,7 @@ class RunCheckpoint:
                 return
             state = self.learner.state_dict()
             state.update(
-                flags=self.run.recorded_flags(self.env_spec.env_id),
+                flags=self.flags,
                 env=self.env_spec.env_id,
                 env_spec=checkpoint.spec_state(self.env_spec),
                 model_config=self.config,

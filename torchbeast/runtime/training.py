@@ -17,7 +17,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 
 import torch
 from torch import nn
@@ -69,11 +69,24 @@ class Trainer:
     (how new weights reach whoever picks actions).
     """
 
-    def __init__(self, settings: Settings, env_spec: EnvSpec):
+    def __init__(
+        self,
+        settings: Settings,
+        env_spec: EnvSpec,
+        env_options: Mapping[str, object] | None = None,
+    ):
         """``env_spec``: the environment the run trains on, as its env id is resolved
-        (PolyBeast: the learner's checkpoint or the first env stream may name it)."""
+        (PolyBeast: the learner's checkpoint or the first env stream may name it);
+        ``env_options``: the env family flags its environments said they were made with
+        (PolyBeast's env streams), recorded with the run where its own flags are silent."""
         self.settings = settings
         self.run = run = settings.run
+        flags = run.recorded_flags(env_spec.env_id)
+        told = {k: v for k, v in (env_options or {}).items() if flags.get(k) is None}
+        # What meta.json and each checkpoint record: e.g. the reward proxy the learner's
+        # env servers computed, which eval compares with its own.
+        self.recorded_flags = flags | told
+        self.recorded_sources = dict(run.sources) | dict.fromkeys(told, "its environments")
         self.total_steps = settings.learner.total_steps
         self.env_spec = env_spec
         self.config = model_config(settings.model, self.env_spec.observation_shape)
@@ -133,6 +146,7 @@ class Trainer:
             self.progress,
             checkpoint.path_in(run.run_dir),
             self.replay,
+            self.recorded_flags,
         )
         self.stop_requested = threading.Event()
         self.failure: BaseException | None = None  # the first, which the run says
@@ -279,8 +293,8 @@ class Trainer:
         writer = FileWriter(
             run.savedir,
             run.xpid,
-            run.recorded_flags(env_id),
-            sources=dict(run.sources),
+            self.recorded_flags,
+            sources=self.recorded_sources,
             resumed_step=self.learner.step if resumed else None,
         )
         if resumed:

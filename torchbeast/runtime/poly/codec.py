@@ -8,7 +8,9 @@ carried it is closed with INVALID_ARGUMENT and training goes on with the others.
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -24,6 +26,7 @@ MAX_ENVS_PER_STREAM = 1024
 MAX_NUM_ACTIONS = 4096
 MAX_OBSERVATION_ELEMENTS = 1 << 20
 MAX_EPISODE_EXTRAS = 16
+MAX_ENV_OPTIONS = 64  # env family flags in a Hello
 MAX_OBSERVATION_DIMS = 8  # numpy takes 64; no environment here has more than 4
 STEP_OVERHEAD_BYTES = 1024  # room for a Step's framing
 SCALAR_BYTES_PER_ENV = 48  # reward, done, episode_end, the episode return and step
@@ -96,7 +99,11 @@ def decode_nest(message: pb.ArrayNest):
 # --------------------------------------------------------------------------- messages
 
 
-def hello(client_id: str, spec: EnvSpec, num_envs: int = 1) -> pb.EnvMessage:
+def hello(
+    client_id: str, spec: EnvSpec, num_envs: int = 1, env_options: Mapping[str, object] = {}
+) -> pb.EnvMessage:
+    """``env_options``: the env family flags the env was made with (those not given, None,
+    are left out)."""
     observation_spec = pb.NDArray(
         dtype=np.dtype(spec.observation_dtype).name, shape=spec.observation_shape
     )
@@ -109,8 +116,31 @@ def hello(client_id: str, spec: EnvSpec, num_envs: int = 1) -> pb.EnvMessage:
             protocol_version=PROTOCOL_VERSION,
             num_envs=num_envs,
             episode_extras=spec.episode_extras,
+            env_options={
+                name: json.dumps(value) for name, value in env_options.items() if value is not None
+            },
         )
     )
+
+
+def read_env_options(hello: pb.Hello) -> dict[str, object]:
+    """A Hello's env options as values: at most ``MAX_ENV_OPTIONS`` flag names, each value
+    a JSON number, string (short) or boolean; ProtocolError for anything else."""
+    if len(hello.env_options) > MAX_ENV_OPTIONS:
+        raise ProtocolError(f"a Hello may carry at most {MAX_ENV_OPTIONS} env options")
+    options = {}
+    for name, text in sorted(hello.env_options.items()):
+        if not (name.isidentifier() and len(name) <= 64 and len(text) <= 256):
+            raise ProtocolError(f"env option {shown(name)} is no flag name with a short value")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        finite = not isinstance(value, float) or math.isfinite(value)
+        if not isinstance(value, (bool, int, float, str)) or not finite:
+            raise ProtocolError(f"env option {name}'s value {shown(text)} is not a flag value")
+        options[name] = value
+    return options
 
 
 class Undecodable:
@@ -136,8 +166,9 @@ def check_decoded(message: pb.EnvMessage | Undecodable) -> pb.EnvMessage:
     return message
 
 
-def read_hello(message: pb.EnvMessage) -> tuple[str, EnvSpec, int]:
-    """The client id, env spec and number of envs of a stream's first message."""
+def read_hello(message: pb.EnvMessage) -> tuple[str, EnvSpec, int, dict[str, object]]:
+    """The client id, env spec, number of envs and env options (``read_env_options``) of
+    a stream's first message."""
     message = check_decoded(message)
     if message.WhichOneof("kind") != "hello":
         raise ProtocolError("the first message of a stream must be a Hello")
@@ -184,7 +215,7 @@ def read_hello(message: pb.EnvMessage) -> tuple[str, EnvSpec, int]:
         )
     except ValueError as error:  # an episode extra's name
         raise ProtocolError(str(error)) from None
-    return hello.client_id, spec, int(hello.num_envs)
+    return hello.client_id, spec, int(hello.num_envs), read_env_options(hello)
 
 
 def max_step_bytes(spec: EnvSpec, num_envs: int) -> int:

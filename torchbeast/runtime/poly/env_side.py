@@ -86,7 +86,7 @@ def env_session(
         env = envs.create_env(settings.env, num_envs=num_envs, num_threads=1)
     try:
         num_actions, extras = env.spec.num_actions, env.spec.episode_extras
-        yield codec.hello(client_id, env.spec, num_envs)
+        yield codec.hello(client_id, env.spec, num_envs, dict(settings.env.options))
         with its_own_failure():
             first = codec.step_message(env.reset(seed=seed), extras)
         yield first

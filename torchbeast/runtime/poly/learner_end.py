@@ -71,9 +71,12 @@ class PolyActorPool(Pool):
         env_processes: list | None = None,
         spec: EnvSpec | None = None,
         env_failures: SimpleQueue | None = None,
+        env_options: dict[str, object] | None = None,
     ):
         """``env_processes``: the env processes this command started, watched for exits;
-        ``env_failures``: where their error lines come (``env_side.process_main``).
+        ``env_failures``: where their error lines come (``env_side.process_main``);
+        ``env_options``: the env family flags the run's environments were made with, if
+        known (a resumed run's), as ``spec``.
         ``spec``: the environment the run trains on, if the learner knows it; otherwise the
         first Hello decides it."""
         self.poly = poly = settings.runtime
@@ -85,7 +88,7 @@ class PolyActorPool(Pool):
         self.env_processes = env_processes or []
         self.owns_envs = bool(self.env_processes)
         self.env_failures = env_failures
-        self.run_spec = RunSpec(spec)
+        self.run_spec = RunSpec(spec, env_options)
         self.model_ready = threading.Event()
         super().__init__()
         # Stopping the pool closes the queue: learner threads waiting on it are let go.
@@ -265,8 +268,8 @@ class PolyActorPool(Pool):
             messages = self.watch.messages(incoming, stream)
             first = next(messages, None)
             if first is not None:
-                client_id, spec, num_envs = codec.read_hello(first)
-                self.run_spec.register(client_id, spec)
+                client_id, spec, num_envs, env_options = codec.read_hello(first)
+                self.run_spec.register(client_id, spec, env_options)
                 said_hello = True
         finally:
             if not said_hello:  # refused, or closed before its Hello: the watch lets go

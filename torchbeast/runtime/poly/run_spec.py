@@ -18,19 +18,35 @@ class SpecMismatch(ValueError):
 
 
 class RunSpec:
-    """The run's env spec; ``known`` is set once there is one."""
+    """The run's env spec; ``known`` is set once there is one. And the env family flags
+    the run's environments were made with (``env_options``), as the first Hello with any
+    said them: every other environment must say the same (one run, one reward)."""
 
-    def __init__(self, spec: EnvSpec | None):
+    def __init__(self, spec: EnvSpec | None, env_options: dict[str, object] | None = None):
         self.spec = spec
         self.known = threading.Event()
         if spec is not None:
             self.known.set()
+        self.env_options = env_options
         self.lock = threading.Lock()
 
-    def register(self, client_id: str, spec: EnvSpec) -> None:
-        """Checks a Hello's spec against the run's; the first Hello decides it only when
-        the learner was told nothing about the environment."""
+    def register(self, client_id: str, spec: EnvSpec, env_options: dict[str, object]) -> None:
+        """Checks a Hello's spec and env options against the run's; the first Hello
+        decides the spec only when the learner was told nothing about the environment,
+        and the options always (an older env side sends none: not checked)."""
         with self.lock:
+            if self.spec is not None and spec != self.spec:
+                raise SpecMismatch(
+                    f"environment {describe_spec(spec)} does not match the run's "
+                    f"{describe_spec(self.spec)}"
+                )
+            if env_options and self.env_options not in (None, env_options):
+                raise SpecMismatch(
+                    f"environment made with {describe_options(env_options)} does not match "
+                    f"the run's environments, made with {describe_options(self.env_options)}"
+                )
+            if env_options and self.env_options is None:
+                self.env_options = env_options  # before the spec is known: read with it
             if self.spec is None:
                 self.spec = spec
                 self.known.set()
@@ -43,8 +59,8 @@ class RunSpec:
                     list(spec.observation_shape),
                     spec.num_actions,
                 )
-            elif spec != self.spec:
-                raise SpecMismatch(
-                    f"environment {describe_spec(spec)} does not match the run's "
-                    f"{describe_spec(self.spec)}"
-                )
+
+
+def describe_options(options: dict[str, object]) -> str:
+    """Env options as flags: "--fuel_multiplier 5.0 --move_penalty 1.0"."""
+    return " ".join(f"--{name} {value}" for name, value in sorted(options.items())) or "none"

@@ -29,7 +29,8 @@ class PolyTrainer(Trainer):
     one the environments said (or the learner's checkpoint), recorded in checkpoints."""
 
     def __init__(self, settings: Settings, pool: PolyActorPool):
-        super().__init__(settings, pool.spec or pool.wait_for_spec())
+        spec = pool.spec or pool.wait_for_spec()
+        super().__init__(settings, spec, pool.run_spec.env_options)
         self.poly_pool = pool
 
     def concurrent_ops(self) -> int:
@@ -57,23 +58,32 @@ def bench_flags(flags: argparse.Namespace, folder: str) -> dict:
     return dict(num_servers=flags.num_actors, pipes_basename=f"unix:{folder}/env")
 
 
-def learner_spec(settings: Settings) -> EnvSpec | None:
+def learner_spec(settings: Settings) -> tuple[EnvSpec | None, dict[str, object] | None]:
     """The environment the run trains on, derived by the learner itself from ``--env`` or
     from the checkpoint it resumes: env streams that present another are refused. None when
-    the learner was told nothing: then the first env stream decides."""
+    the learner was told nothing: then the first env stream decides. And, resuming a run
+    whose learner was told nothing, the env options its checkpoint recorded (its env
+    servers' reward proxy, say) where this command's flags are silent: env streams made
+    with others are refused too."""
     if settings.env.env:
-        return envs.env_spec(settings.env)  # an unknown --env is one error line, at start-up
+        return envs.env_spec(settings.env), None  # an unknown --env: one line, at start-up
     path = checkpoint.path_in(settings.run.run_dir)
     if not os.path.exists(path):
-        return None
+        return None, None
     state = checkpoint.load(path)
     env = dataclasses.replace(settings.env, env=checkpoint.saved_env_id(state, path))
     log.info(
         "Resuming %s: the environment is %s, as in its checkpoint.", settings.run.xpid, env.env
     )
+    recorded = state.get("flags", {})
+    options = {
+        name: recorded[name]
+        for name, value in settings.env.options
+        if value is None and recorded.get(name) is not None
+    }
     if not checkpoint.saves_episode_extras(state):  # an older checkpoint: the flags tell them
-        return envs.env_spec(env)
-    return checkpoint.saved_spec(state)
+        return envs.env_spec(env), options or None
+    return checkpoint.saved_spec(state), options or None
 
 
 def check_run_dir(run: RunSettings) -> None:
@@ -98,8 +108,8 @@ def session(settings: Settings, start_envs: bool = True) -> Iterator[PolyTrainer
     processes = env_side.start_processes(env_settings, log_level, failures) if start_envs else []
     try:
         check_run_dir(settings.run)
-        spec = learner_spec(settings)
-        pool = PolyActorPool(settings, processes, spec, failures)
+        spec, env_options = learner_spec(settings)
+        pool = PolyActorPool(settings, processes, spec, failures, env_options)
         try:
             pool.listen()
             yield PolyTrainer(settings, pool)
