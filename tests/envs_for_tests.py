@@ -76,10 +76,21 @@ class RaisingEnv(OverflowRewardEnv):
         return super().step(action)
 
 
+class NanObservationEnv(OverflowRewardEnv):
+    """Observes NaN from its step 30, as a physics simulation that blew up would."""
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        if self.steps >= 30:
+            observation = np.full(3, np.nan, np.float32)
+        return observation, reward, terminated, truncated, info
+
+
 if "Float64Observation-v0" not in gym.registry:
     gym.register("Float64Observation-v0", entry_point=Float64ObservationEnv)
     gym.register("SelfKilling-v0", entry_point=SelfKillingEnv)
     gym.register("Raising-v0", entry_point=RaisingEnv)
+    gym.register("NanObservation-v0", entry_point=NanObservationEnv)
 
 
 class CoinsEnv(OverflowRewardEnv):

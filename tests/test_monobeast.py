@@ -313,6 +313,15 @@ def test_non_finite_loss_stops_training_and_keeps_good_weights(tmp_path):
     assert all(torch.isfinite(t).all() for t in state["model_state_dict"].values())
 
 
+def test_an_environment_that_observes_nan_is_named_as_the_cause(tmp_path):
+    # The line blamed the learning rate ("its weights broke ... lower --learning_rate").
+    result = monobeast(
+        tmp_path, *SMALL_RUN, "--env", "tests.envs_for_tests:NanObservation-v0",
+        "--total_steps", "1000000", "--xpid", "run",
+    )  # fmt: skip
+    assert_one_error_line(result, "the environment's observations hold NaN or inf")
+
+
 def test_a_run_stopped_by_a_non_finite_loss_saves_no_replay_of_what_broke_it(tmp_path):
     # Else the same command, once the env is mended, would replay those rollouts and stop.
     # One learner thread: with two, the other's batch (of the other 4 of the 8 envs) may

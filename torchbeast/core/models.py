@@ -227,7 +227,16 @@ class Agent(nn.Module):
             policy_version=self.policy_version.expand(T, B),
         )
         if act:
-            outputs["action"] = self.choose(policy_logits, generator).view(T, B)
+            try:
+                outputs["action"] = self.choose(policy_logits, generator).view(T, B)
+            except RuntimeError:  # non-finite outputs: say so where the env is to blame
+                for name in ("frame", "reward"):
+                    if inputs[name].is_floating_point() and not inputs[name].isfinite().all():
+                        raise RuntimeError(
+                            f"the environment's {'observations' if name == 'frame' else 'rewards'}"
+                            " hold NaN or inf: fix (or clip) what its step returns"
+                        ) from None
+                raise
         return outputs, core_state
 
     def features(self, observations: torch.Tensor) -> torch.Tensor:
