@@ -161,17 +161,22 @@ def test_a_learner_told_no_env_records_its_env_servers_proxy_and_refuses_another
     assert report["trained_with_reward_proxy"] == report["reward_proxy"]
     assert report["reward_proxy"]["fuel_multiplier"] == 5.0
     assert "WARNING" not in evaluated.stdout + evaluated.stderr
+    # Resumed against its own env server: it goes on (it refused it, seeing the defaults
+    # its Hello carries beside the proxy as another env).
+    resumed = subprocess.run(
+        [*learner, "--env_servers", f"unix:{sockets}/five.0", "--total_steps", "400"],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
     # Resumed against an env server of another proxy: refused, as its checkpoint says.
     other = subprocess.run(
-        [*learner, "--env_servers", f"unix:{sockets}/one.0", "--total_steps", "400"],
+        [*learner, "--env_servers", f"unix:{sockets}/one.0", "--total_steps", "600"],
         cwd=REPO, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert other.returncode == 1
-    assert (
-        other.stderr.strip()
-        .splitlines()[-1]
-        .endswith("does not match the run's environments, made with --fuel_multiplier 5.0")
-    )
+    line = other.stderr.strip().splitlines()[-1]
+    assert "environment made with --fuel_multiplier 1.0 " in line, line
+    assert "does not match the run's environments, made with --fuel_multiplier 5.0 " in line
 
 
 def test_an_envs_episode_extras_cross_the_wire_and_reach_logs_csv(tmp_path, sockets):

@@ -186,6 +186,8 @@ def test_a_cell_that_fails_is_recorded_and_the_others_go_on(tmp_path):
         (("hidden_size = [16, 32]", 'hidden_size = [16, 32]\nr = [{name = "w", hidden_size'
           " = 64}]"), "the set 'w' of axis r sets hidden_size, which is also an axis of the "
          "study: keep one"),
+        (("num_episodes = 2", 'num_episodes = 2\nvideo = "play.mp4"'), "cell hidden_size-16's "
+         "evaluation: --video "),  # a check of the command's mode, not of its parser
     ],
 )  # fmt: skip
 def test_what_no_cell_could_take_is_one_line_before_anything_runs(tmp_path, change, said):
@@ -206,6 +208,18 @@ def test_a_study_with_its_axes_in_another_order_keeps_its_cells(tmp_path):
     assert again.returncode == 0, again.stderr
     assert "hidden_size-16_seed-1: finished before, skipped" in again.stdout
     assert [row["cell"] for row in table(tmp_path)] == ["hidden_size-16_seed-1"]
+
+
+def test_the_table_tells_a_running_cell_from_a_stopped_one(tmp_path):
+    from torchbeast.study import cell_row, claim_folder, read_study
+
+    cell = claim_folder(read_study(write_study(tmp_path, "seed = [1]"))).cells()[0]
+    assert cell_row(cell)["status"] == "not run"
+    cell.folder.mkdir()
+    (cell.folder / "logs.csv").write_text("# _tick,_time,step\n0,0.0,40\n")  # trained some
+    # Cells still training beside the one that ended were listed as "stopped".
+    assert cell_row(cell, running={cell.name})["status"] == "running"
+    assert cell_row(cell)["status"] == "stopped"  # no record, and no command runs it
 
 
 def test_a_study_runs_once_at_a_time(tmp_path):

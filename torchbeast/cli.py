@@ -64,6 +64,30 @@ def run(
     """Runs the mode the flags ask for: training in the entry point's ``runtime`` (its
     registered ``train`` unless another is given), or test and eval, which play on this
     machine whatever the runtime."""
+    settings = parse_command(parser, argv, runtime)
+    mode = settings.run.mode
+    if mode == "train":
+        train = train or RUNTIMES[runtime].train
+        # Before the runtime starts: its first lines (listening, connecting) obey it too.
+        setup_console_logging(settings.run.suppress_logs)
+        with sigterm_handled():  # a scheduler's SIGTERM while the run starts unwinds it
+            return report_errors(lambda: train(settings))
+    from torchbeast import evaluation  # imports torch, which the modes above do not need
+
+    if mode == "eval":
+        return report_errors(lambda: evaluation.evaluate(settings))
+    return report_errors(lambda: evaluation.test(settings, render=mode == "test_render"))
+
+
+def parse_command(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    runtime: str,
+    check_files: bool = True,
+) -> Settings:
+    """The settings of a command line, refused in one line (``parser.error``) where its
+    mode cannot do what it asks; ``check_files``: and where its --video could not be
+    written (a study checks its cells' commands before it makes their folders)."""
     flags, sources = parse_flags_and_sources(argv, parser)
     settings = build_settings(flags, runtime, sources)
     mode = settings.run.mode
@@ -71,7 +95,7 @@ def run(
         if mode in ("train", "test_render"):
             parser.error(f"--video records the games of --mode test and eval, not {mode}")
         try:
-            video.check_path(settings.run.video)
+            video.check_path(settings.run.video, writable=check_files)
         except video.VideoError as error:
             parser.error(str(error))
     if mode == "test_render" and sys.platform == "linux" and not has_display():
@@ -86,14 +110,4 @@ def run(
             "--num_episodes counts the games of --mode test and eval; training stops at "
             "--total_steps"
         )
-    if mode == "train":
-        train = train or RUNTIMES[runtime].train
-        # Before the runtime starts: its first lines (listening, connecting) obey it too.
-        setup_console_logging(settings.run.suppress_logs)
-        with sigterm_handled():  # a scheduler's SIGTERM while the run starts unwinds it
-            return report_errors(lambda: train(settings))
-    from torchbeast import evaluation  # imports torch, which the modes above do not need
-
-    if mode == "eval":
-        return report_errors(lambda: evaluation.evaluate(settings))
-    return report_errors(lambda: evaluation.test(settings, render=mode == "test_render"))
+    return settings

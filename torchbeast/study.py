@@ -413,7 +413,7 @@ def check_cells(path: str, study: Study) -> None:
     """Parses each cell's commands, its training's and its evaluations', as its runs will,
     before any runs: a flag a run refuses is one line now, not a failed cell after others
     trained (and a study that, fixed, is another study)."""
-    from torchbeast.config.flags import parse_flags  # noqa: PLC0415 - only here
+    from torchbeast.cli import parse_command  # noqa: PLC0415 - only here
     from torchbeast.config.parsers import make_runtime_parser  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as folder:
@@ -436,7 +436,8 @@ def check_cells(path: str, study: Study) -> None:
                 refused = io.StringIO()
                 try:
                     with contextlib.redirect_stderr(refused):
-                        parse_flags(command[3:], parser)
+                        # Its folder is made later: its --video's folder too.
+                        parse_command(parser, command[3:], study.runtime, check_files=False)
                 except SystemExit:
                     line = refused.getvalue().strip().splitlines()[-1]
                     reason = line.partition(" error: ")[2].rpartition("; see ")[0] or line
@@ -602,11 +603,15 @@ class Runner:
     """Hands cells to an executor, as many at a time as it takes; ``stop`` (Ctrl-C,
     SIGTERM) starts no more and asks the runs it trains to stop (they checkpoint)."""
 
-    def __init__(self, executor: Executor, on_cell_end: Callable[[], None] = lambda: None):
+    def __init__(
+        self, executor: Executor, on_cell_end: Callable[[set[str]], None] = lambda running: None
+    ):
         self.executor = executor
-        self.on_cell_end = on_cell_end  # e.g. rewrite the table, so that it shows progress
+        # E.g. rewrite the table, so that it shows progress: called with the cells running.
+        self.on_cell_end = on_cell_end
         self.print_lock = threading.Lock()
         self.stopping = threading.Event()
+        self.running: set[str] = set()  # the names of the cells handed to the executor
 
     def stop(self) -> None:
         self.stopping.set()
@@ -622,6 +627,8 @@ class Runner:
         if cell.finished():
             self.say(f"{cell.name}: finished before, skipped")
             return
+        with self.print_lock:
+            self.running.add(cell.name)
         try:
             cell.write_flags()
             self.say(f"{cell.name}: {self.executor.starting}")
@@ -630,12 +637,15 @@ class Runner:
             state = {**cell.state(), "status": "failed", "error": str(error)}
             with contextlib.suppress(OSError):  # the same error again: the line below says it
                 write_state(cell.folder, state)
+        finally:
+            with self.print_lock:
+                self.running.discard(cell.name)
         if state is None:
             return  # stopped, not failed: the same command goes on with it
         where = f" on {state['node']}" if "node" in state else ""
         error = f" ({state['error']})" if state.get("error") else ""
         with self.print_lock:
-            self.on_cell_end()
+            self.on_cell_end(set(self.running))
             print(f"{cell.name}: {state['status']}{where}{error}", flush=True)
 
     def run(self, cells: list[Cell]) -> None:
@@ -651,13 +661,16 @@ class Runner:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def cell_row(cell: Cell) -> dict[str, object]:
-    """One row of the study's table: the cell's settings, how it ended, what it learned."""
+def cell_row(cell: Cell, running: set[str] = frozenset()) -> dict[str, object]:
+    """One row of the study's table: the cell's settings, how it ended (or "running",
+    where its name is in ``running``), what it learned."""
     state = cell.state()
-    # A cell with logs and no record was stopped before it could write one (a second
-    # Ctrl-C): it trained, it is not "not run".
+    # A cell with logs and no record, not running, was stopped before it could write one
+    # (a second Ctrl-C): it trained, it is not "not run".
     started = (cell.folder / LOGS_NAME).exists()
     status = state.get("status", "stopped" if started else "not run")
+    if cell.name in running:
+        status = "running"
     row: dict[str, object] = {"cell": cell.name, **cell.labels}
     row.update(status=status, error=state.get("error") or "")
     row["seconds"] = state.get("seconds", math.nan)
@@ -688,9 +701,10 @@ def cell_row(cell: Cell) -> dict[str, object]:
     return row
 
 
-def write_table(study: Study, cells: list[Cell]) -> list[dict]:
-    """The study's table, CSV and JSON, in its folder; returns its rows."""
-    rows = [cell_row(cell) for cell in cells]
+def write_table(study: Study, cells: list[Cell], running: set[str] = frozenset()) -> list[dict]:
+    """The study's table, CSV and JSON, in its folder (``running``: the cells this command
+    is running); returns its rows."""
+    rows = [cell_row(cell, running) for cell in cells]
     columns = list(dict.fromkeys(name for row in rows for name in row))
     with open(study.folder / TABLE_NAME, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, restval="")
@@ -778,7 +792,7 @@ def run_study(args: argparse.Namespace) -> tuple[Study, list[dict]]:
                 print(
                     f"Study {study.name}: {len(cells)} cells, {executor.where}, in {study.folder}"
                 )
-                Runner(executor, lambda: write_table(study, cells)).run(cells)
+                Runner(executor, lambda running: write_table(study, cells, running)).run(cells)
         except KeyboardInterrupt:
             write_table(study, cells)
             raise

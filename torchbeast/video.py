@@ -16,12 +16,12 @@ class VideoError(UserError, ValueError):
     """--video cannot be written as asked."""
 
 
-def check_path(path: str) -> None:
-    """Refuses a --video that would not be a GIF, or could not be written, before any
-    game is played (not after every game, losing their figures)."""
+def check_path(path: str, writable: bool = True) -> None:
+    """Refuses a --video that would not be a GIF, or (``writable``) could not be written,
+    before any game is played (not after every game, losing their figures)."""
     if not path.lower().endswith(".gif"):
         raise VideoError(f"--video {path} must end in .gif: the games are written as a GIF")
-    if problem := unwritable(path, "--video"):
+    if writable and (problem := unwritable(path, "--video")):
         raise VideoError(problem)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -192,7 +191,8 @@ def sockets_of_its_own(flags: dict[str, object], key: str) -> dict[str, object]:
     if any(name in flags for name in ("pipes_basename", "env_servers", "serve")):
         return {}
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]
-    return {"pipes_basename": f"unix:{tempfile.gettempdir()}/torchbeast-{digest}"}
+    # /tmp, not this machine's $TMPDIR: on a Ray cluster the cell runs on another node.
+    return {"pipes_basename": f"unix:/tmp/torchbeast-{digest}"}
 
 
 def poly_env_settings(flags: argparse.Namespace) -> PolyEnvSettings:

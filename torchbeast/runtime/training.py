@@ -78,11 +78,12 @@ class Trainer:
         """``env_spec``: the environment the run trains on, as its env id is resolved
         (PolyBeast: the learner's checkpoint or the first env stream may name it);
         ``env_options``: the env family flags its environments said they were made with
-        (PolyBeast's env streams), recorded with the run where its own flags are silent."""
+        (the env streams of a PolyBeast learner told no --env), recorded with the run."""
         self.settings = settings
         self.run = run = settings.run
         flags = run.recorded_flags(env_spec.env_id)
-        told = {k: v for k, v in (env_options or {}).items() if flags.get(k) is None}
+        family_flags = {name for name, _ in settings.env.options}  # a peer's others: not ours
+        told = {k: v for k, v in (env_options or {}).items() if k in family_flags}
         # What meta.json and each checkpoint record: e.g. the reward proxy the learner's
         # env servers computed, which eval compares with its own.
         self.recorded_flags = flags | told

@@ -39,7 +39,9 @@ from torchbeast.runtime.supervision import join_or_kill
 log = logging.getLogger("torchbeast")
 
 MAX_BACKOFF_S = 5.0
-MAX_TRACEBACK_CHARS = 4000  # of an environment's error, sent to the learner
+# Of an environment's error, sent to the learner: its line and its traceback's end, in
+# gRPC's 8 KiB of metadata even where each character is percent-encoded (3 bytes).
+MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS = 300, 2000
 # A client that hears one of these will not be let in by trying again.
 FATAL_CODES = (
     grpc.StatusCode.UNAUTHENTICATED,
@@ -137,8 +139,9 @@ class EnvServicer(pb_grpc.EnvServerServicer):
                 self.failures_said.add(str(error))
                 log.warning("Stream %s: %s%s", client_id, codec.ENV_FAILED, error.details)
             context.abort(
-                grpc.StatusCode.ABORTED,  # the traceback's end: gRPC's metadata takes 8 KiB
-                f"{codec.ENV_FAILED}{error}\n{error.details[-MAX_TRACEBACK_CHARS:]}",
+                grpc.StatusCode.ABORTED,
+                f"{codec.ENV_FAILED}{str(error)[:MAX_ERROR_CHARS]}\n"
+                f"{error.details[-MAX_TRACEBACK_CHARS:]}",
             )
 
 

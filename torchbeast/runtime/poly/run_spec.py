@@ -8,6 +8,7 @@ import logging
 import threading
 
 from torchbeast.core.checkpoint import describe_spec
+from torchbeast.core.errors import shown
 from torchbeast.core.spec import EnvSpec
 
 log = logging.getLogger("torchbeast")
@@ -63,4 +64,5 @@ class RunSpec:
 
 def describe_options(options: dict[str, object]) -> str:
     """Env options as flags: "--fuel_multiplier 5.0 --move_penalty 1.0"."""
-    return " ".join(f"--{name} {value}" for name, value in sorted(options.items())) or "none"
+    flags = (f"--{name} {shown(value, quote=False)}" for name, value in sorted(options.items()))
+    return " ".join(flags) or "none"  # a peer's values: escaped, as any string of its

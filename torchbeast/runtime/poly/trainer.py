@@ -63,8 +63,7 @@ def learner_spec(settings: Settings) -> tuple[EnvSpec | None, dict[str, object] 
     from the checkpoint it resumes: env streams that present another are refused. None when
     the learner was told nothing: then the first env stream decides. And, resuming a run
     whose learner was told nothing, the env options its checkpoint recorded (its env
-    servers' reward proxy, say) where this command's flags are silent: env streams made
-    with others are refused too."""
+    servers' reward proxy, say): env streams made with others are refused too."""
     if settings.env.env:
         return envs.env_spec(settings.env), None  # an unknown --env: one line, at start-up
     path = checkpoint.path_in(settings.run.run_dir)
@@ -76,10 +75,8 @@ def learner_spec(settings: Settings) -> tuple[EnvSpec | None, dict[str, object] 
         "Resuming %s: the environment is %s, as in its checkpoint.", settings.run.xpid, env.env
     )
     recorded = state.get("flags", {})
-    options = {
-        name: recorded[name]
-        for name, value in settings.env.options
-        if value is None and recorded.get(name) is not None
+    options = {  # as a Hello carries them: each family flag that is not None
+        name: recorded[name] for name, _ in settings.env.options if recorded.get(name) is not None
     }
     if not checkpoint.saves_episode_extras(state):  # an older checkpoint: the flags tell them
         return envs.env_spec(env), options or None
