@@ -191,13 +191,25 @@ def test_a_cell_that_fails_is_recorded_and_the_others_go_on(tmp_path):
     ],
 )  # fmt: skip
 def test_what_no_cell_could_take_is_one_line_before_anything_runs(tmp_path, change, said):
+    from torchbeast import study
+
     path = write_study(tmp_path, "hidden_size = [16, 32]")
     edit_study(path, *change)
+    # In this process: main's way from a StudyError to one line is the other tests'.
+    with pytest.raises(study.StudyError) as refused:
+        study.run_study(study.make_parser().parse_args([path, "--parallel", "1"]))
+    assert str(refused.value).startswith(f"{path}: {said}") and "\n" not in str(refused.value)
+    assert not (tmp_path / "runs" / "grid").exists()  # nothing trained, nothing claimed
+
+
+def test_a_study_refused_before_it_runs_says_so_in_one_line(tmp_path):
+    path = write_study(tmp_path, "hidden_size = [16, 0]")
     done = run_study(path)
     assert done.returncode == 1
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: {said}"), lines
-    assert not (tmp_path / "runs" / "grid").exists()  # nothing trained, nothing claimed
+    assert done.stderr.strip().splitlines() == [
+        f"error: {path}: cell hidden_size-0's training: hidden_size = 0: must be a positive "
+        "integer, got 0"
+    ]
 
 
 def test_a_study_with_its_axes_in_another_order_keeps_its_cells(tmp_path):
