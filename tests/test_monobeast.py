@@ -282,6 +282,19 @@ def test_a_batch_larger_than_the_whole_run_is_said_and_the_run_ends_after_one_up
     assert [row["step"] for row in read_rows(tmp_path / "run" / "logs.csv")] == ["80"]
 
 
+def test_a_run_without_checkpoints_stopped_by_sigterm_says_the_command_starts_again(tmp_path):
+    run = [*SMALL_RUN, "--total_steps", "10000000", "--disable_checkpoint", "--xpid", "run"]
+    process = start_monobeast(tmp_path, *run)
+    try:
+        wait_for_rows(tmp_path / "run" / "logs.csv", 3)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == STOPPED_BY_SIGTERM
+    # It said "run the same command to resume", which started from step 0.
+    assert "no checkpoint (--disable_checkpoint): run the same command to start again" in output
+
+
 def test_killed_learner_leaves_no_orphan_actor(tmp_path):
     process = start_monobeast(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "run")
     try:

@@ -383,10 +383,12 @@ class Trainer:
             raise self.failure
         if stop_signal is not None and self.learner.step < self.total_steps:
             name = signal.Signals(stop_signal).name
+            # Without a checkpoint (--disable_checkpoint) the same command starts anew.
+            again = "resume" if self.checkpoint.saved_step is not None else "start again"
             raise Stopped(
                 stop_signal,
                 f"stopped by {name} at step {self.learner.step}; {self.checkpoint.on_disk()}: "
-                "run the same command to resume",
+                f"run the same command to {again}",
             )
         return self.progress.last_stats
 
