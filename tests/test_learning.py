@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from tests.test_monobeast import alive, children_of, wait_for
 from torchbeast import learncheck
 from torchbeast.config.flags import parse_flags
 from torchbeast.curves import read_logs
@@ -152,6 +154,21 @@ def test_a_flag_passed_on_that_the_runs_refuse_is_one_line_before_any_run(capsys
     assert "error: argument --learning_rate: must be a finite number > 0" in captured.err
 
 
+def test_a_flag_passed_on_takes_its_value_in_any_order_with_the_checks(capsys):
+    split = learncheck.split_passed_flags
+    # The value went to the checks: "error: unknown check '0.001'".
+    assert split(["--learning_rate", "0.001"]) == ([], ["--learning_rate", "0.001"])
+    assert split(["--entropy_cost", "0.02", "cartpole"]) == (
+        ["cartpole"], ["--entropy_cost", "0.02"]
+    )  # fmt: skip
+    words = ["--normalize_values", "pixelcue", "--savedir", "/x", "--entropy_cost", "-0.5"]
+    assert split(words) == (["pixelcue", "--savedir", "/x"], words[:1] + words[4:])
+    with pytest.raises(SystemExit) as stopped:  # refused as the runs would, before any
+        learncheck.main(["--learning_rate", "-1", "pixelcue"])
+    assert stopped.value.code == 2
+    assert "argument --learning_rate: must be a finite number > 0" in capsys.readouterr().err
+
+
 def test_polybeast_learns_pixel_cue(tmp_path):
     sockets = f"unix:/tmp/cue{os.getpid()}"
     args = ["--xpid", "run", "--num_servers", "2", "--pipes_basename", sockets]
@@ -187,3 +204,20 @@ def test_a_check_stops_its_run_at_its_budget_with_the_default_schedule(tmp_path)
     assert 3_000 <= logs["step"][-1] < 100_000
     assert logs["learning_rate"][-1] > 0.99 * 0.0007
     assert (tmp_path / "run" / "model.tar").exists()
+
+
+def test_a_stopped_learning_check_stops_its_run(tmp_path):
+    command = [sys.executable, "-m", "torchbeast.learncheck", "cartpole"]
+    check = subprocess.Popen(
+        [*command, "--savedir", str(tmp_path)], cwd=REPO, stderr=subprocess.PIPE, text=True
+    )
+    logs = tmp_path / "learncheck-cartpole" / "logs.csv"
+    try:
+        wait_for(lambda: logs.exists() and logs.stat().st_size > 200, 120, "the check's run")
+        run = children_of(check.pid)
+        assert run
+    finally:
+        check.send_signal(signal.SIGTERM)  # it died at once, its run training on, orphaned
+        _, stderr = check.communicate(timeout=60)
+    assert check.returncode == 130 and stderr.strip().splitlines()[-1] == "interrupted"
+    wait_for(lambda: not any(alive(pid) for pid in run), 30, "the check's run to stop")

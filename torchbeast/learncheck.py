@@ -282,20 +282,73 @@ def check_flags(names: list[str], savedir: str, extra_flags: tuple[str, ...], ru
         parse_flags(CHECKS[name].command(savedir, "check", extra_flags, runtime)[3:], parser)
 
 
+OWN_FLAGS = ("--savedir", "--runtime")  # the command's own flags that take a value
+
+
+def split_passed_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The command's own words (checks, --savedir, --runtime, --help) and the flags it
+    passes on with their values, in order: the word after a passed-on flag is its value
+    unless it is a flag or a check's name (``--learning_rate 0.001`` read 0.001 as a check,
+    as argparse's parse_known_args does)."""
+    own: list[str] = []
+    passed: list[str] = []
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        name, equals, _ = word.partition("=")
+        if name in OWN_FLAGS:
+            take = 1 if equals else 2
+            own += argv[index : index + take]
+            index += take
+        elif not word.startswith("-") or word in ("-h", "--help"):
+            own.append(word)
+            index += 1
+        else:
+            passed.append(word)
+            index += 1
+            value = argv[index] if index < len(argv) else None
+            if not equals and value is not None and not is_flag(value) and value not in CHECKS:
+                passed.append(value)
+                index += 1
+    return own, passed
+
+
+def is_flag(word: str) -> bool:
+    """A flag (``--seed``), not a value (``-0.5``)."""
+    if not word.startswith("-"):
+        return False
+    try:
+        float(word)
+    except ValueError:
+        return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
-    args, extra_flags = parser.parse_known_args(argv)
+    own, passed = split_passed_flags(sys.argv[1:] if argv is None else list(argv))
+    args = parser.parse_args(own)
+    extra_flags = tuple(passed)
     unknown = [name for name in args.checks if name not in CHECKS]
     if unknown:
         parser.error(f"unknown check {unknown[0]!r}: choose from {', '.join(CHECKS)}")
     savedir = os.path.expanduser(args.savedir)
-    check_flags(args.checks or DEFAULT_CHECKS, savedir, tuple(extra_flags), args.runtime)
+    check_flags(args.checks or DEFAULT_CHECKS, savedir, extra_flags, args.runtime)
     failures = 0
-    for name in args.checks or DEFAULT_CHECKS:
-        passed, line = run_check(name, CHECKS[name], savedir, tuple(extra_flags), args.runtime)
-        print(line, flush=True)
-        failures += not passed
+    signal.signal(signal.SIGTERM, raise_interrupt)  # a scheduler's stop: the run stops too
+    try:
+        for name in args.checks or DEFAULT_CHECKS:
+            passed_check, line = run_check(name, CHECKS[name], savedir, extra_flags, args.runtime)
+            print(line, flush=True)
+            failures += not passed_check
+    except KeyboardInterrupt:  # the check's run is stopped (run_check's finally)
+        print("interrupted", file=sys.stderr)
+        return 130
     return 1 if failures else 0
+
+
+def raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
