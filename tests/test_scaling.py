@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 
@@ -152,3 +153,22 @@ def test_rows_that_counted_their_actors_time_get_a_table_of_it():
         "| 16 x 8 | 55% / 30% / 10% / 5% |",
     ]
     assert actor_time_table(rows[1:]) == ""
+
+
+def test_a_stopped_scaling_benchmark_keeps_the_rows_it_measured(tmp_path):
+    path = tmp_path / "rows.json"
+    command = [sys.executable, "-m", "torchbeast.scaling", "--layouts", "1x2", "2x2", *SMALL]
+    command += ["--devices", "cpu", "--json", str(path), "--total_steps", "10000000"]
+    scaling = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        for line in scaling.stdout:  # until the first row
+            if line.startswith("| 1 x 2"):
+                break
+    finally:
+        scaling.send_signal(signal.SIGTERM)  # it died, its measured rows lost (--json unwritten)
+        _, stderr = scaling.communicate(timeout=120)
+    assert scaling.returncode == 130
+    assert stderr.strip().splitlines()[-1] == f"interrupted after 1 rows, written to {path}"
+    assert [row["layout"] for row in json.loads(path.read_text())] == ["1 actors x 2 envs"]

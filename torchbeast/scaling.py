@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -225,24 +226,40 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Scaling benchmark on {cores} cores: the training recipe ({recipe}{changed}), ", end="")
     print(f"{flags.bench_steps} steps measured after {flags.warmup_steps}; one run per row.")
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory() as folder:
-        for device in devices:
-            for actors, envs in layouts:
-                row = run_row(
-                    actors, envs, device, (flags.warmup_steps, flags.bench_steps), passed, folder
-                )
-                if not rows:
-                    print(header(list(row.get("stages", {}))))
-                rows.append(row)
-                print(format_row(row), flush=True)
+    signal.signal(signal.SIGTERM, raise_interrupt)  # a scheduler's stop, as Ctrl-C's
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            for device in devices:
+                for actors, envs in layouts:
+                    steps = (flags.warmup_steps, flags.bench_steps)
+                    # Stopped, subprocess.run kills the row's benchmark before it unwinds.
+                    row = run_row(actors, envs, device, steps, passed, folder)
+                    if not rows:
+                        print(header(list(row.get("stages", {}))))
+                    rows.append(row)
+                    print(format_row(row), flush=True)
+    except KeyboardInterrupt:  # the rows measured are kept
+        if flags.json:
+            write_rows(flags.json, rows)
+        kept = f", written to {flags.json}" if flags.json else ""
+        print(f"interrupted after {len(rows)} rows{kept}", file=sys.stderr)
+        return 130
     if table := inference_table(rows):
         print(f"\n{table}")
     if table := actor_time_table(rows):
         print(f"\n{table}")
     if flags.json:
-        with open(flags.json, "w") as file:
-            json.dump(rows, file, indent=1)
+        write_rows(flags.json, rows)
     return 1 if any("error" in row for row in rows) else 0
+
+
+def write_rows(path: str, rows: list[dict]) -> None:
+    with open(path, "w") as file:
+        json.dump(rows, file, indent=1)
+
+
+def raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
