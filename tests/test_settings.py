@@ -207,3 +207,29 @@ def test_a_flag_declared_by_two_settings_is_refused():
     add_declared_flags(parser, EnvSettings)  # the same declaration again: one flag
     with pytest.raises(ValueError, match="--env is declared by two settings"):
         add_declared_flags(parser, Mine)
+
+
+def test_ray_address_auto_of_a_cluster_on_127_0_0_1_joins_it_as_a_single_machine_one(
+    tmp_path, monkeypatch
+):
+    import os
+    import socket
+
+    from torchbeast.runtime.ray import prepare
+
+    # `ray start --head` as the manual shows: Ray swapped the 127.0.0.1 it read for this
+    # machine's network address and retried it forever.
+    with socket.create_server(("127.0.0.1", 0)) as head:
+        address = f"127.0.0.1:{head.getsockname()[1]}"
+        (tmp_path / "ray").mkdir()
+        (tmp_path / "ray" / "ray_current_cluster").write_text(address + "\n")
+        for name in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE"):
+            monkeypatch.delenv(name, raising=False)  # restored after: prepare sets them
+        for name in ("RAY_USAGE_STATS_ENABLED", "RAY_IGNORE_UNHANDLED_ERRORS"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+        assert prepare.auto_address() == address
+        prepare.prepare_ray_environment("auto")
+        assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.7:6379")  # Ray's own order: this one first
+    assert prepare.auto_address() == "10.0.0.7:6379"

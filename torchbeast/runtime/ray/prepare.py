@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import tempfile
 
 from torchbeast.config.settings import Settings
 from torchbeast.runtime.training import TrainingError
@@ -35,6 +36,9 @@ def prepare_ray_environment(address: str | None) -> None:
     authentication is asked for when joining a cluster (Ray starts its own clusters with
     it); RAY_AUTH_MODE=disabled in the environment opts out.
     """
+    resolved = auto_address() if address == "auto" else None
+    if resolved is not None and "://" not in resolved:  # joined as one given by its address
+        address = resolved
     host = None if address in (None, "auto") else address.rpartition(":")[0]
     if address is None or (host is not None and is_loopback(host)):
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -45,6 +49,21 @@ def prepare_ray_environment(address: str | None) -> None:
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     if host is not None:
         check_reachable(address)
+
+
+def auto_address() -> str | None:
+    """The address ``--ray_address auto`` joins, found as Ray finds it: $RAY_ADDRESS, else
+    the cluster last started on this machine (its temp dir's ray_current_cluster); None
+    where there is none. (Ray itself cannot be imported to ask: it reads the settings above
+    as it is.)"""
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"]
+    temp = os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()
+    try:
+        with open(os.path.join(temp, "ray", "ray_current_cluster")) as file:
+            return file.read().strip() or None
+    except OSError:
+        return None
 
 
 def check_reachable(address: str) -> None:
