@@ -230,3 +230,14 @@ def test_sampling_alone_says_in_one_line_why_the_actors_stopped(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "actors keep dying" in last, result.stderr
+
+
+def test_a_total_steps_that_ends_the_run_before_the_window_is_refused(capsys):
+    from torchbeast.bench import main
+
+    # It printed the SPS of what part of the window ran, with exit code 0.
+    assert main([*SMALL, "--total_steps", "800"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --total_steps 800 ends the run before the measurement window does "
+        "(--warmup_steps + --bench_steps = 2500): raise it, or leave it out"
+    )

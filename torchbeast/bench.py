@@ -268,6 +268,15 @@ def main(argv: list[str] | None = None) -> int:
     if flags.json and (problem := unwritable(flags.json, "--json")):
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    window_end = flags.warmup_steps + flags.bench_steps
+    if flags.total_steps < window_end:  # it measured what part ran, exit 0: a wrong figure
+        print(
+            f"error: --total_steps {flags.total_steps} ends the run before the measurement "
+            f"window does (--warmup_steps + --bench_steps = {window_end}): raise it, or leave "
+            "it out",
+            file=sys.stderr,
+        )
+        return 2
     setup_console_logging(flags.suppress_logs)
     result: dict = {}
     trainer: Trainer | None = None
@@ -298,7 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     if status:
         return status
     if not result:
-        print("error: the run ended before the measurement window: raise --total_steps")
+        print(
+            "error: the run ended before the measurement window: raise --total_steps",
+            file=sys.stderr,
+        )
         return 1
     print_result(flags, trainer, result)
     if flags.json:
