@@ -36,6 +36,7 @@ import numpy as np
 
 from torchbeast.config.argparser import FlagParser
 from torchbeast.curves import last_episodes_mean, read_logs
+from torchbeast.runtime.processes import sigterm_as_ctrl_c
 from torchbeast.runtime.registry import RUNTIMES
 
 POLL_S = 1.0
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     savedir = os.path.expanduser(args.savedir)
     check_flags(args.checks or DEFAULT_CHECKS, savedir, extra_flags, args.runtime)
     failures = 0
-    signal.signal(signal.SIGTERM, raise_interrupt)  # a scheduler's stop: the run stops too
+    sigterm_as_ctrl_c()
     try:
         for name in args.checks or DEFAULT_CHECKS:
             passed_check, line = run_check(name, CHECKS[name], savedir, extra_flags, args.runtime)
@@ -345,10 +346,6 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return 1 if failures else 0
-
-
-def raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from torchbeast.config.parsers import make_bench_parser, make_mono_parser
 from torchbeast.config.resolvers import RECIPE, default_layout, grown_batch
 from torchbeast.config.values import nonnegative_int, positive_int
 from torchbeast.core.errors import unwritable
+from torchbeast.runtime.processes import sigterm_as_ctrl_c
 from torchbeast.runtime.registry import RUNTIMES
 
 # The training recipe's learner, which the one-step benchmark leaves at the original's.
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Scaling benchmark on {cores} cores: the training recipe ({recipe}{changed}), ", end="")
     print(f"{flags.bench_steps} steps measured after {flags.warmup_steps}; one run per row.")
     rows: list[dict] = []
-    signal.signal(signal.SIGTERM, raise_interrupt)  # a scheduler's stop, as Ctrl-C's
+    sigterm_as_ctrl_c()
     try:
         with tempfile.TemporaryDirectory() as folder:
             for device in devices:
@@ -256,10 +256,6 @@ def main(argv: list[str] | None = None) -> int:
 def write_rows(path: str, rows: list[dict]) -> None:
     with open(path, "w") as file:
         json.dump(rows, file, indent=1)
-
-
-def raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

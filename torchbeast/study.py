@@ -56,13 +56,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-import numpy as np
-
 from torchbeast.config.argparser import FlagParser
 from torchbeast.config.resolvers import default_layout, expand_savedir, unset_variable
 from torchbeast.core.errors import os_error_line
 from torchbeast.curves import LOGS_NAME, best_last_100_curve, read_logs, return_last_100_curve
-from torchbeast.runtime.processes import child_dies_with_parent
+from torchbeast.runtime.processes import child_dies_with_parent, sigterm_as_ctrl_c
 from torchbeast.runtime.registry import RUNTIMES
 
 SPEC_NAME = "study.json"  # in the study's folder: what the study is, and its table
@@ -405,8 +403,8 @@ def check_values(
             toml_value(value)
         except StudyError as error:
             raise StudyError(f"{path}: {name} = {value!r}: {error}") from None
-    for name in sorted(set(eval_flags) & set(EVAL_OWN_KEYS)):
-        raise StudyError(f"{path}: [eval] sets {name}, but {EVAL_OWN_KEYS[name]}")
+    if own := sorted(set(eval_flags) & set(EVAL_OWN_KEYS)):
+        raise StudyError(f"{path}: [eval] sets {own[0]}, but {EVAL_OWN_KEYS[own[0]]}")
 
 
 def check_cells(path: str, study: Study) -> None:
@@ -679,12 +677,10 @@ def cell_row(cell: Cell, running: set[str] = frozenset()) -> dict[str, object]:
     try:
         logs = read_logs(cell.folder)
         _, returns = return_last_100_curve(logs)
-        best = best_last_100_curve(logs)  # NaN until 100 episodes ended
         row["steps"] = int(logs["step"][-1])
         row["train_return_last_100"] = float(returns[-1]) if returns.size else math.nan
-        row["train_return_best_100"] = (
-            float(np.nanmax(best)) if np.isfinite(best).any() else math.nan
-        )
+        # The best so far at the last row: NaN where 100 episodes never ended.
+        row["train_return_best_100"] = float(best_last_100_curve(logs)[-1])
     except (OSError, ValueError, KeyError, IndexError):
         pass
     for file, prefix in (("eval.json", "eval_"), ("eval_random.json", "random_")):
@@ -720,10 +716,6 @@ def write_table(study: Study, cells: list[Cell], running: set[str] = frozenset()
 def default_parallel(study: Study) -> int:
     """Cells at once on this machine: as many as its cores hold cells of the study's CPUs."""
     return max(1, len(os.sched_getaffinity(0)) // study.resources.cpus)
-
-
-def raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
@@ -801,7 +793,7 @@ def run_study(args: argparse.Namespace) -> tuple[Study, list[dict]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, raise_interrupt)  # a scheduler's stop, as Ctrl-C's
+    sigterm_as_ctrl_c()
     try:
         study, rows = run_study(args)
     except StudyError as error:

@@ -95,11 +95,11 @@ class RunCheckpoint:
         learner: Learner,
         progress: Progress,
         path: str,
+        flags: dict[str, object],
         replay: Replay | None = None,
-        flags: dict[str, object] | None = None,
     ):
-        """``flags``: what the checkpoint records as the run's flags (the run's own with
-        the env id it resolved, unless given)."""
+        """``flags``: what the checkpoint records as the run's flags (``Trainer``'s
+        ``recorded_flags``)."""
         self.settings = settings
         self.progress = progress
         self.run = settings.run
@@ -111,7 +111,7 @@ class RunCheckpoint:
         self.replay_path = os.path.join(os.path.dirname(path), REPLAY_FILE_NAME)
         self.changes: str | None = None  # after a resume: the settings the command changed
         self.replay_line: str | None = None  # after a resume: what became of the replay
-        self.flags = flags or settings.run.recorded_flags(env_spec.env_id)
+        self.flags = flags
         self.saved_step: int | None = None  # the step the checkpoint on disk holds
         self.starts = 1  # this start of the run is its n-th
 

@@ -21,6 +21,16 @@ def child_dies_with_parent() -> Callable[[], None] | None:
     return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def sigterm_as_ctrl_c() -> None:
+    """A scheduler's SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C does:
+    a tool that runs training runs as its children stops them, and keeps what it has."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def die_with_parent() -> None:
     """Ask Linux to kill this process when its parent dies (belt and braces)."""
     guard = child_dies_with_parent()

@@ -146,8 +146,8 @@ class Trainer:
             self.learner,
             self.progress,
             checkpoint.path_in(run.run_dir),
-            self.replay,
             self.recorded_flags,
+            self.replay,
         )
         self.stop_requested = threading.Event()
         self.failure: BaseException | None = None  # the first, which the run says
