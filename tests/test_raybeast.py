@@ -329,6 +329,31 @@ def test_sigterm_while_ray_starts_stops_the_run_and_its_ray_instance(tmp_path):
     wait_for(lambda: set(ray_daemon_pids()) <= before, 30, "Ray to stop")
 
 
+def ray_agent_pids() -> list[int]:
+    """The agents a raylet starts beside it (dashboard agent, runtime env agent)."""
+    return pids_whose("cmdline", lambda cmdline: re.match(r"ray::\w*Agent", cmdline) is not None)
+
+
+def test_ctrl_c_while_ray_starts_leaves_no_ray_process_behind(tmp_path):
+    # Ctrl-C after the raylet started its agents, before the driver has connected: Ray's
+    # own stop knew nothing of them, and they ran on for a minute with no raylet.
+    before_daemons, before_agents = set(ray_daemon_pids()), set(ray_agent_pids())
+    process = start_long_run(tmp_path)
+    try:
+        wait_for(lambda: set(ray_agent_pids()) - before_agents, 60, "Ray's agents to start")
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGINT, output
+    assert output.strip().splitlines()[-1] == "interrupted", output
+    assert "Traceback" not in output
+    wait_for(
+        lambda: set(ray_daemon_pids()) <= before_daemons and set(ray_agent_pids()) <= before_agents,
+        20,
+        "Ray's daemons and agents to stop",
+    )
+
+
 # RayBeast as its command runs, on a cluster that had 3 CPUs when it started and has 2 now
 # (as after a lost node), and a start deadline of 5 s.
 LOST_CPU = """

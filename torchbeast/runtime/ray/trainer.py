@@ -18,7 +18,7 @@ from torchbeast import envs
 from torchbeast.config.settings import Settings
 from torchbeast.runtime.ray.actor_pool import RayActorPool
 from torchbeast.runtime.ray.actors import RayWeights
-from torchbeast.runtime.supervision import last_line, signals_blocked
+from torchbeast.runtime.supervision import STOP_SIGNALS, last_line, signals_blocked
 from torchbeast.runtime.training import Trainer, TrainingError
 
 log = logging.getLogger("torchbeast")
@@ -61,8 +61,9 @@ def connect(settings: Settings) -> str:
         # Ray's daemons inherit this signal mask (Ray itself blocks SIGINT for them). A
         # SIGTERM to the whole process group, as job schedulers send, must reach only the
         # driver, which then saves a checkpoint and stops Ray; a raylet that died first
-        # would take the driver down with it.
-        with signals_blocked({signal.SIGTERM}):
+        # would take the driver down with it. A Ctrl-C waits for the start to finish: in
+        # the middle of it, Ray's agents were left running (a minute) with no raylet.
+        with signals_blocked(STOP_SIGNALS):
             try:
                 # "local": a new instance, even where $RAY_ADDRESS (a Ray job's driver) or
                 # an earlier `ray start` names a cluster, which would refuse num_cpus.
