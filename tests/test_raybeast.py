@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import re
@@ -10,7 +12,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
 
+import grpc
 import pytest
 
 from tests.test_batches import SLOW_SECOND_ACTOR
@@ -214,6 +221,52 @@ def test_bad_ray_address_is_one_clear_error(tmp_path, address, fragment):
     assert_one_error_line(result, fragment)
 
 
+GIVE_THE_GCS = "give the head's address as `ray start --head` printed it"
+
+
+def test_a_ray_client_url_is_refused_with_the_address_to_give(tmp_path):
+    # Ray Client's ray://, or the dashboard's http:// that `ray job submit` takes.
+    for url in ("ray://127.0.0.1:10001", "http://127.0.0.1:8265"):
+        result = raybeast(tmp_path, *SMALL_RUN, "--ray_address", url, timeout=60)
+        assert_one_error_line(result, f"--ray_address {url} is a URL: RayBeast runs on a node")
+        assert GIVE_THE_GCS in result.stderr
+
+
+@pytest.fixture
+def http_server():
+    """An HTTP/1 server on 127.0.0.1, as Ray's dashboard is."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_the_dashboards_port_is_refused_in_seconds(tmp_path, http_server):
+    # Ray's driver retried it for ~20 s, then said to start a cluster with `ray start`.
+    started = time.monotonic()
+    result = raybeast(tmp_path, *SMALL_RUN, "--ray_address", http_server, timeout=60)
+    assert_one_error_line(result, f"--ray_address {http_server} is an HTTP server")
+    assert GIVE_THE_GCS in result.stderr
+    assert time.monotonic() - started < 15
+
+
+def test_a_grpc_server_that_is_not_rays_gcs_is_refused(monkeypatch):
+    # As Ray Client's port (10001) or a raylet's answer: a real gRPC server without the
+    # GCS's methods.
+    from torchbeast.runtime.ray import prepare
+    from torchbeast.runtime.training import TrainingError
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with pytest.raises(TrainingError, match="is a Ray server but not the cluster's GCS"):
+            prepare.check_reachable(f"127.0.0.1:{port}")
+    finally:
+        server.stop(None)
+
+
 def test_test_mode_plays_the_trained_model(tmp_path, ray_cluster):
     trained = raybeast(
         tmp_path, *SMALL_RUN, "--ray_address", ray_cluster, "--total_steps", "2000", "--xpid", "run"
@@ -365,6 +418,7 @@ from torchbeast.runtime.ray.prepare import prepare_environment
 prepare_environment(build_settings(parse_flags(sys.argv[1:], make_ray_parser()), "ray"))
 import ray
 ray.cluster_resources = lambda: {"CPU": 3.0}  # what the actors' shares are taken from
+ray.available_resources = lambda: {"CPU": 3.0}
 from torchbeast.runtime.ray import actor_pool
 actor_pool.START_DEADLINE_S = 5.0
 from torchbeast.raybeast import main
@@ -385,11 +439,69 @@ def test_an_actor_the_cluster_cannot_place_stops_the_run_with_one_line(tmp_path,
     # Whichever of the three Ray placed last is the one left without a CPU.
     assert re.match(
         r"error: actor [012] has not started in 5 s: the cluster has no room for the 1 CPUs "
-        r"it asks for \(did a node go down\?\); run the same command to go on with the CPUs "
-        r"there are now",
+        r"it asks for \(did a node go down, or other work take them\?\); run the same command "
+        r"to go on with the CPUs free then",
         result.stderr.strip().splitlines()[-1],
     ), result.stderr
     assert (tmp_path / "run" / "model.tar").exists()
+
+
+# Another job on the cluster: an actor that holds a number of its CPUs until its stdin
+# closes.
+HOLD_CPUS = """
+import sys
+from torchbeast.runtime.ray.prepare import prepare_ray_environment
+prepare_ray_environment(sys.argv[1])
+import ray
+ray.init(address=sys.argv[1], logging_level="WARNING")
+@ray.remote(num_cpus=float(sys.argv[2]))
+class Holder:
+    def ready(self):
+        return True
+holder = Holder.remote()
+ray.get(holder.ready.remote())
+print("holding", flush=True)
+sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def cpus_held(ray_cluster: str, cpus: float) -> Iterator[None]:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_CPUS, ray_cluster, str(cpus)],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env=os.environ | LOOPBACK,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "holding\n"
+        yield
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+
+
+def test_a_cluster_whose_cpus_other_work_holds_is_one_line_at_once(tmp_path, ray_cluster):
+    # The actors asked for shares of all the CPUs, could not be placed, and the run said
+    # "did a node go down?" after five minutes.
+    with cpus_held(ray_cluster, 2):
+        result = raybeast(tmp_path, *SMALL_RUN, "--ray_address", ray_cluster, timeout=120)
+    assert_one_error_line(
+        result,
+        "the Ray cluster has no CPU free for the actors: other work holds all 2 of its CPUs",
+    )
+
+
+def test_actors_share_the_cpus_other_work_leaves_free(tmp_path, ray_cluster):
+    with cpus_held(ray_cluster, 1.5):
+        result = raybeast(
+            tmp_path, *SMALL_RUN, "--ray_address", ray_cluster, "--total_steps", "500",
+            "--xpid", "run",
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out_log = (tmp_path / "run" / "out.log").read_text()
+    assert "Other work holds 1.5 of the Ray cluster's 2 CPUs: the 2 actors share the 0.5 free" in (
+        out_log
+    )
 
 
 # The (actor, env) sources of a real RayBeast pool's first batches, one JSON line each.

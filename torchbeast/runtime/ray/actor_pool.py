@@ -19,6 +19,7 @@ from torchbeast.runtime.pool import Pool, actor_stage_totals
 from torchbeast.runtime.queues import Batch, Closed, RolloutQueue, stack_rollouts
 from torchbeast.runtime.ray.actors import RayWeights, RemoteRolloutActor
 from torchbeast.runtime.supervision import RestartBudget, last_line
+from torchbeast.runtime.training import TrainingError
 
 log = logging.getLogger("torchbeast")
 
@@ -27,6 +28,30 @@ WAIT_S = 0.1
 # An actor (a replacement too) that has sent no rollout this long after it was asked for
 # cannot be placed: the cluster lost the CPUs it had at the start (a node went down).
 START_DEADLINE_S = 300.0
+
+
+def cpus_per_actor(num_actors: int) -> float:
+    """The fraction of a CPU each actor asks Ray for, so that every actor can be placed
+    on the CPUs free now (other jobs may hold some of the cluster's): rounded down to
+    Ray's resource granularity (1e-4), never up."""
+    total = ray.cluster_resources().get("CPU", 0.0)
+    free = min(total, ray.available_resources().get("CPU", 0.0))
+    share = math.floor(free / num_actors * 10_000) / 10_000
+    if share < 0.0001:
+        raise TrainingError(
+            f"the Ray cluster has no CPU free for the actors: other work holds all "
+            f"{total:g} of its CPUs (`ray status` shows it); free some or add a node, then "
+            "run the same command"
+        )
+    if free < total:
+        log.warning(
+            "Other work holds %g of the Ray cluster's %g CPUs: the %d actors share the %g free.",
+            total - free,
+            total,
+            num_actors,
+            free,
+        )
+    return min(1.0, share)
 
 
 class RayActorPool(Pool):
@@ -73,11 +98,7 @@ class RayActorPool(Pool):
         self.timings = np.zeros(4)  # env, inference, all CPU seconds; agent steps
         self.started = time.monotonic()
         self.first_rollout_s: float | None = None
-        # Fraction of a CPU each actor asks Ray for, so that every actor can be placed:
-        # rounded down to Ray's resource granularity (1e-4), never up.
-        total_cpus = ray.cluster_resources().get("CPU", 1.0)
-        share = math.floor(total_cpus / num_actors * 10_000) / 10_000
-        self.cpus_per_actor = min(1.0, max(share, 0.0001))
+        self.cpus_per_actor = cpus_per_actor(num_actors)
         self.collector = threading.Thread(target=self._collect, name="collector", daemon=True)
 
     def start(self) -> None:
@@ -185,7 +206,8 @@ class RayActorPool(Pool):
         self.fail(
             f"actor {min(late)} has not started in {START_DEADLINE_S:.0f} s: the cluster has "
             f"no room for the {self.cpus_per_actor:g} CPUs it asks for (did a node go "
-            "down?); run the same command to go on with the CPUs there are now"
+            "down, or other work take them?); run the same command to go on with the CPUs "
+            "free then"
         )
 
     def _submit_unless_ahead(self, actor_index: int) -> None:

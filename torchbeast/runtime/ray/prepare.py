@@ -12,6 +12,15 @@ from torchbeast.config.settings import Settings
 from torchbeast.runtime.training import TrainingError
 
 REACH_TIMEOUT_S = 5.0
+GCS_CLUSTER_ID = "/ray.rpc.NodeInfoGcsService/GetClusterId"  # the first call of Ray's driver
+GIVE_THE_GCS = (
+    "give the head's address as `ray start --head` printed it (host:6379 unless --port), "
+    "or auto on a node of the cluster"
+)
+NOT_A_URL = (
+    "RayBeast runs on a node of the cluster, not through Ray Client (its learner reads "
+    f"every rollout from the object store): {GIVE_THE_GCS}"
+)
 
 
 def is_loopback(host: str) -> bool:
@@ -37,7 +46,11 @@ def prepare_ray_environment(address: str | None) -> None:
     it); RAY_AUTH_MODE=disabled in the environment opts out.
     """
     resolved = auto_address() if address == "auto" else None
-    if resolved is not None and "://" not in resolved:  # joined as one given by its address
+    if resolved is not None and "://" in resolved:
+        raise TrainingError(
+            f"--ray_address auto found a URL in $RAY_ADDRESS ({resolved}): {NOT_A_URL}"
+        )
+    if resolved is not None:  # joined as one given by its address
         address = resolved
     host = None if address in (None, "auto") else address.rpartition(":")[0]
     if address is None or (host is not None and is_loopback(host)):
@@ -67,7 +80,10 @@ def auto_address() -> str | None:
 
 
 def check_reachable(address: str) -> None:
-    """Fails in seconds where Ray would retry an unreachable address for minutes."""
+    """Fails in seconds where Ray would retry an unreachable address for minutes, or
+    one that answers but is not a Ray cluster's GCS for ~20 s, then name the wrong fix."""
+    if "://" in address:
+        raise TrainingError(f"--ray_address {address} is a URL: {NOT_A_URL}")
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise TrainingError(
@@ -80,3 +96,27 @@ def check_reachable(address: str) -> None:
             f"cannot reach a Ray cluster at --ray_address {address}: {error}. Start one "
             "with `ray start --head`, or leave out --ray_address to run Ray on this machine"
         ) from None
+    check_is_ray_gcs(address)
+
+
+def check_is_ray_gcs(address: str) -> None:
+    """Asks ``address`` for its cluster id, as Ray's driver does first. A gRPC server
+    without that method (a raylet; Ray Client's port, 10001) or an HTTP/1 server (the
+    dashboard, 8265) is refused; any other answer, or none, is left to Ray."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return  # a plain channel cannot speak to it
+    import grpc  # not Ray: it reads the settings above when it is imported
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            channel.unary_unary(GCS_CLUSTER_ID)(b"", timeout=REACH_TIMEOUT_S)
+            return
+        except grpc.RpcError as error:
+            code, details = error.code(), (error.details() or "").lower()
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        what = "a Ray server but not the cluster's GCS (10001 is Ray Client's port)"
+    elif "http1" in details or "parsing http/2" in details:  # it does not speak gRPC
+        what = "an HTTP server (8265 is Ray's dashboard)"
+    else:
+        return  # the GCS asking for its token, or something Ray itself will explain
+    raise TrainingError(f"--ray_address {address} is {what}: {GIVE_THE_GCS}")
