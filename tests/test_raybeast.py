@@ -314,6 +314,33 @@ def test_an_actor_that_raises_stops_training_with_one_line(tmp_path, ray_cluster
     assert 'envs_for_tests.py", line' in out_log  # the traceback
 
 
+def test_an_env_module_only_the_driver_can_import_names_the_fix(tmp_path, ray_cluster):
+    # The module is on the driver's PYTHONPATH alone, not on the one the cluster's nodes
+    # were started with.
+    (tmp_path / "only_here").mkdir()
+    (tmp_path / "only_here" / "driver_side_envs.py").write_text(
+        "import gymnasium as gym\n"
+        'gym.register("DriverCart-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv")\n'
+    )
+    env = os.environ | {"PYTHONPATH": str(tmp_path / "only_here")}
+    command = raybeast_command(
+        tmp_path,
+        *SMALL_RUN,
+        "--ray_address",
+        ray_cluster,
+        "--env",
+        "driver_side_envs:DriverCart-v0",
+    )
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert_one_error_line(
+        result,
+        "failed: torchbeast.envs.registry.EnvError: a Ray worker on 127.0.0.1 cannot import",
+        "what the driver could",
+        "No module named 'driver_side_envs'",
+        "every node needs it, installed there or on the PYTHONPATH its `ray start` was given",
+    )
+
+
 def start_long_run(tmp_path) -> subprocess.Popen:
     """A RayBeast run that would train for long, in its own process group (as under a
     terminal or a job scheduler), its output captured."""

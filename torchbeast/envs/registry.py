@@ -19,6 +19,10 @@ class EnvError(UserError, ValueError):
     """An environment id or space that torchbeast cannot run; the message says why."""
 
 
+class EnvImportError(EnvError):
+    """The module a ``module:Id`` env id names cannot be imported here."""
+
+
 _registering = threading.Lock()
 
 
@@ -56,7 +60,9 @@ def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
             importlib.import_module(module)
         return gym.spec(name)
     except ImportError as error:
-        raise EnvError(f"cannot import {module!r} for environment {env_id!r} ({error})") from None
+        raise EnvImportError(
+            f"cannot import {module!r} for environment {env_id!r} ({error})"
+        ) from None
     except gym.error.Error as error:
         hint = "install it with: pip install MinAtar; " if name.startswith(MINATAR_PREFIX) else ""
         raise EnvError(

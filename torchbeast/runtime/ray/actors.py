@@ -15,7 +15,9 @@ from torchbeast.config.settings import Settings
 from torchbeast.core import rollout
 from torchbeast.core import weights as model_weights
 from torchbeast.core.spec import EnvSpec
+from torchbeast.envs.registry import EnvError, EnvImportError
 from torchbeast.runtime.acting import Unroller, actor_seed
+from torchbeast.runtime.supervision import last_line
 
 
 class RolloutActor:
@@ -30,9 +32,33 @@ class RolloutActor:
         incarnation: int,
     ):
         torch.set_num_threads(1)
+        # A failure to start is raised by the first task, not here: Ray prints the traceback
+        # of a failed actor creation on the driver's terminal, from every actor; a task's
+        # error reaches the pool alone, which logs it to out.log and stops in one line.
+        self.start_error: Exception | None = None
+        try:
+            self._start(settings, env_spec, config, actor_index, incarnation)
+        except Exception as error:
+            self.start_error = error
+
+    def _start(
+        self,
+        settings: Settings,
+        env_spec: EnvSpec,
+        config: dict,
+        actor_index: int,
+        incarnation: int,
+    ) -> None:
         num_envs = settings.actors.envs_per_actor
         seed = actor_seed(settings, actor_index, incarnation)
-        self.unroller = Unroller(settings, env_spec, config, seed)
+        try:
+            self.unroller = Unroller(settings, env_spec, config, seed)
+        except (EnvImportError, ImportError) as error:  # the driver's import went well
+            raise EnvError(
+                f"a Ray worker on {ray.util.get_node_ip_address()} cannot import what the "
+                f"driver could ({last_line(error)}): every node needs it, installed there or "
+                "on the PYTHONPATH its `ray start` was given"
+            ) from None
         self.buffers = rollout.allocate(
             env_spec, settings.learner.unroll_length, num_envs
         )  # [E, T+1, ...]
@@ -50,6 +76,8 @@ class RolloutActor:
         pickling element by element: rollout [E, T+1, ...], core_state [E, layers, H] each,
         timings (env, inference, all CPU seconds, agent steps).
         """
+        if self.start_error is not None:
+            raise self.start_error
         if version != self.version:
             flat = torch.from_numpy(ray.get(weights[0]).copy())  # [num_parameters] float32
             model_weights.load_flat(self.unroller.model, flat)
