@@ -446,13 +446,35 @@ def test_eval_with_other_proxy_flags_says_so_in_one_warning(trained_run):
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stdout.splitlines() if "WARNING" in line]
     assert len(warnings) == 1
-    assert "'move_penalty': 2.0" in warnings[0] and "'fuel_multiplier': 10.0" in warnings[0]
+    assert "Playing with reward proxy {'fuel_multiplier': 1.0, 'move_penalty': 2.0" in warnings[0]
+    assert "but the run was trained with {'fuel_multiplier': 10.0" in warnings[0]
     report = json.loads((savedir / "r" / "eval.json").read_text())
     assert report["trained_with_reward_proxy"]["fuel_multiplier"] == 10.0
     # Evaluated on the move proxy, 10 A - 2 M over A steps alive and M <= A moves, while
     # the true move (penalty 0) is 10 A: between 80% and 100% of it, since the plane moves.
     episode = report["episodes"][0]
     assert 0.8 * episode["true_move"] <= episode["proxy_return"] < episode["true_move"]
+
+
+def test_test_mode_names_each_env_flag_it_plays_with_unlike_training(trained_run):
+    # Test and eval play with the command line's env flags; the run trained with the fuel
+    # proxy and FIRE pressed after a lost life.
+    savedir, _ = trained_run
+    result = monobeast(
+        savedir, "--env", RIVERRAID, "--mode", "test", "--xpid", "r", "--num_episodes", "1",
+        "--no_fire_on_life_loss",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stdout.splitlines() if "WARNING" in line]
+    assert len(warnings) == 2, warnings
+    assert warnings[0].endswith(
+        "Playing with --no_fire_on_life_loss, but the run was trained with no "
+        "--no_fire_on_life_loss."
+    )
+    assert (
+        "Playing with reward proxy none (game score), but the run was trained with "
+        in (warnings[1])
+    )
 
 
 def test_eval_of_a_file_that_is_no_torchbeast_checkpoint_is_one_clear_error(tmp_path):

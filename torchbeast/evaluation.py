@@ -108,6 +108,10 @@ def load_trained(settings: Settings) -> Trained:
     env = settings.env
     if env.env is None:
         env = dataclasses.replace(env, env=checkpoint.saved_env_id(state, path))
+    # The env plays with the command line's family flags (a proxy-trained agent is
+    # evaluated on the game score so): each that differs from training is said once.
+    for line in family_of(env.env).played_unlike_trained(env, state.get("flags", {})):
+        log.warning("%s", line)
     return Trained(state, path, env)
 
 

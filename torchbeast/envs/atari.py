@@ -24,7 +24,7 @@ import gymnasium as gym
 import torchbeast.envs.riverraid as riverraid
 from torchbeast.core.settings import flag
 from torchbeast.envs.batched import BatchedEnv
-from torchbeast.envs.family import EnvFamily, Preset
+from torchbeast.envs.family import EnvFamily, Preset, flag_differences
 from torchbeast.envs.registry import EnvError, gym_spec
 from torchbeast.envs.settings import EnvSettings
 
@@ -223,17 +223,29 @@ class AtariFamily(EnvFamily):
     def log_training_reward(self, settings: EnvSettings, reward_clipping: str) -> None:
         riverraid.log_training_reward(proxy_of(settings), reward_clipping)
 
+    def played_unlike_trained(self, settings: EnvSettings, trained_flags: Mapping) -> list[str]:
+        """The reward proxy is compared as a whole, its defaults filled in (a proxy flag
+        not given and one given its default value are the same proxy)."""
+        lines = flag_differences(self.options, ["no_fire_on_life_loss"], settings, trained_flags)
+        played_with, trained_with = proxies_played_and_trained(settings, trained_flags)
+        if played_with != trained_with:
+            lines.append(
+                f"Playing with reward proxy {played_with or 'none (game score)'}, but the run "
+                f"was trained with {trained_with or 'none (game score)'}."
+            )
+        return lines
+
     def evaluation_figures(self, settings: EnvSettings, trained_flags: Mapping) -> dict:
         """The reward proxy evaluated with and the one trained with (defaults filled in;
-        {} for the game score), with a warning where they differ."""
-        evaluated_with, trained_with = (
-            {} if proxy is None else dataclasses.asdict(proxy)
-            for proxy in (proxy_of(settings), riverraid.proxy_from_flags(trained_flags))
-        )
-        if trained_with != evaluated_with:
-            riverraid.log.warning(
-                "Evaluating with reward proxy %s, but the run was trained with %s.",
-                evaluated_with or "none (game score)",
-                trained_with or "none (game score)",
-            )
+        {} for the game score)."""
+        evaluated_with, trained_with = proxies_played_and_trained(settings, trained_flags)
         return {"reward_proxy": evaluated_with, "trained_with_reward_proxy": trained_with}
+
+
+def proxies_played_and_trained(settings: EnvSettings, trained_flags: Mapping) -> tuple[dict, dict]:
+    """The reward proxy of ``settings`` and of ``trained_flags``, each as its settings with
+    the defaults filled in ({} for the game score)."""
+    return tuple(
+        {} if proxy is None else dataclasses.asdict(proxy)
+        for proxy in (proxy_of(settings), riverraid.proxy_from_flags(trained_flags))
+    )

@@ -23,7 +23,7 @@ import functools
 import importlib.metadata
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -121,6 +121,11 @@ class EnvFamily:
     def log_training_reward(self, settings: EnvSettings, reward_clipping: str) -> None:
         """Says which reward trains the agent where it is not the env's own."""
 
+    def played_unlike_trained(self, settings: EnvSettings, trained_flags: Mapping) -> list[str]:
+        """One line for each of the family's flags that test or eval plays with (the
+        command line's) but the run did not train with (``trained_flags``: its checkpoint's)."""
+        return flag_differences(self.options, self.flag_names, settings, trained_flags)
+
     def evaluation_figures(self, settings: EnvSettings, trained_flags: Mapping) -> dict:
         """What ``--mode eval`` adds to ``eval.json`` for this family (e.g. the reward
         settings the run was trained with), beside the returns."""
@@ -215,6 +220,31 @@ def check_foreign_flags(settings: EnvSettings, family: EnvFamily) -> None:
                     f"{flag_text(field.name, value)} is a flag of the {other.name} family "
                     f"({other.summary}); {settings.env} is not one of its envs: leave it out"
                 )
+
+
+def flag_differences(
+    options: type | None, names: Iterable[str], settings: EnvSettings, trained_flags: Mapping
+) -> list[str]:
+    """A line for each flag of ``names`` (fields of ``options``) whose value in
+    ``settings`` is not the one in ``trained_flags`` (absent: the default)."""
+    fields = dataclasses.fields(options) if options is not None else ()
+    defaults = {field.name: field.default for field in fields}
+    lines = []
+    for name in names:
+        played = settings.option(name, defaults[name])
+        trained = trained_flags.get(name, defaults[name])
+        if played != trained:
+            lines.append(
+                f"Playing with {setting_text(name, played)}, but the run was trained with "
+                f"{setting_text(name, trained)}."
+            )
+    return lines
+
+
+def setting_text(name: str, value: object) -> str:
+    """A flag's value as a line names it: ``--name value``, ``--name`` for a switch that is
+    on, ``no --name`` for one that is off or a flag not given."""
+    return f"no --{name}" if value is None or value is False else flag_text(name, value)
 
 
 def flag_text(name: str, value: object) -> str:
