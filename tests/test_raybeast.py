@@ -251,6 +251,38 @@ def test_the_dashboards_port_is_refused_in_seconds(tmp_path, http_server):
     assert time.monotonic() - started < 15
 
 
+def test_an_ipv6_ray_address_is_written_in_brackets_as_ray_writes_it(monkeypatch):
+    from torchbeast.runtime.ray import prepare
+    from torchbeast.runtime.training import TrainingError
+
+    assert prepare.split_address("[::1]:6379", "it") == ("::1", 6379)
+    with pytest.raises(TrainingError, match=r"^--ray_address ::1:6379: write an IPv6 host in "):
+        prepare.prepare_ray_environment("::1:6379")
+    # Reached over IPv6, and asked over gRPC, at the address as given: a real gRPC server
+    # that is not Ray's GCS is refused as one.
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("[::1]:0")
+    server.start()
+    try:
+        with pytest.raises(TrainingError, match="is a Ray server but not the cluster's GCS"):
+            prepare.check_reachable(f"[::1]:{port}", "it")
+    finally:
+        server.stop(None)
+
+
+def test_an_address_that_auto_found_is_named_with_where_it_was_found(monkeypatch):
+    from torchbeast.runtime.ray import prepare
+    from torchbeast.runtime.training import TrainingError
+
+    monkeypatch.setenv("RAY_ADDRESS", "localhost")
+    with pytest.raises(
+        TrainingError,
+        match=r"^the address localhost that --ray_address auto found in \$RAY_ADDRESS is not "
+        "host:port",
+    ):
+        prepare.prepare_ray_environment("auto")
+
+
 def test_a_grpc_server_that_is_not_rays_gcs_is_refused(monkeypatch):
     # As Ray Client's port (10001) or a raylet's answer: a real gRPC server without the
     # GCS's methods.
@@ -262,7 +294,7 @@ def test_a_grpc_server_that_is_not_rays_gcs_is_refused(monkeypatch):
     server.start()
     try:
         with pytest.raises(TrainingError, match="is a Ray server but not the cluster's GCS"):
-            prepare.check_reachable(f"127.0.0.1:{port}")
+            prepare.check_reachable(f"127.0.0.1:{port}", "it")
     finally:
         server.stop(None)
 
@@ -516,6 +548,32 @@ def test_a_cluster_whose_cpus_other_work_holds_is_one_line_at_once(tmp_path, ray
         result,
         "the Ray cluster has no CPU free for the actors: other work holds all 2 of its CPUs",
     )
+
+
+def test_more_actors_than_ray_can_place_is_one_line(tmp_path, ray_cluster):
+    # Ray places at least 0.0001 CPUs an actor: 2 CPUs take 20000 actors.
+    result = raybeast(
+        tmp_path, *SMALL_RUN, "--num_actors", "30000", "--envs_per_actor", "1",
+        "--ray_address", ray_cluster,
+    )  # fmt: skip
+    assert_one_error_line(
+        result,
+        "30000 actors are too many for the 2 CPUs free on the Ray cluster",
+        "give at most 20000 --num_actors, with more --envs_per_actor each",
+    )
+
+
+def test_a_cluster_without_cpus_is_told_apart_from_one_whose_cpus_are_taken(monkeypatch):
+    # A head started with --num-cpus 0 and no other node: what Ray would report of it.
+    import ray
+
+    from torchbeast.runtime.ray import actor_pool
+    from torchbeast.runtime.training import TrainingError
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"memory": 1e9})
+    monkeypatch.setattr(ray, "available_resources", lambda: {"memory": 1e9})
+    with pytest.raises(TrainingError, match=r"has no CPUs for the actors \(a head started"):
+        actor_pool.cpus_per_actor(2)
 
 
 def test_actors_share_the_cpus_other_work_leaves_free(tmp_path, ray_cluster):

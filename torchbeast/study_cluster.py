@@ -247,7 +247,7 @@ def cluster_cells(study: Study, address: str, files: str, cells: int) -> Iterato
     handler = signal.getsignal(signal.SIGTERM)
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-    except (ConnectionError, RuntimeError, ray.exceptions.RayError) as error:
+    except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as error:
         lines = str(error).strip().splitlines() or [type(error).__name__]
         raise StudyError(
             f"cannot join the Ray cluster at --ray_address {address}: {lines[-1]}. Start "

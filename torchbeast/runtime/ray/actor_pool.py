@@ -37,11 +37,22 @@ def cpus_per_actor(num_actors: int) -> float:
     total = ray.cluster_resources().get("CPU", 0.0)
     free = min(total, ray.available_resources().get("CPU", 0.0))
     share = math.floor(free / num_actors * 10_000) / 10_000
-    if share < 0.0001:
+    if total == 0:
+        raise TrainingError(
+            "the Ray cluster has no CPUs for the actors (a head started with --num-cpus 0?): "
+            "add a node with CPUs, then run the same command"
+        )
+    if free < 0.0001:
         raise TrainingError(
             f"the Ray cluster has no CPU free for the actors: other work holds all "
             f"{total:g} of its CPUs (`ray status` shows it); free some or add a node, then "
             "run the same command"
+        )
+    if share < 0.0001:  # Ray's resource granularity
+        raise TrainingError(
+            f"{num_actors} actors are too many for the {free:g} CPUs free on the Ray cluster "
+            f"(each asks for at least 0.0001): give at most {math.floor(free * 10_000)} "
+            "--num_actors, with more --envs_per_actor each"
         )
     if free < total:
         log.warning(

@@ -45,14 +45,13 @@ def prepare_ray_environment(address: str | None) -> None:
     authentication is asked for when joining a cluster (Ray starts its own clusters with
     it); RAY_AUTH_MODE=disabled in the environment opts out.
     """
-    resolved = auto_address() if address == "auto" else None
-    if resolved is not None and "://" in resolved:
-        raise TrainingError(
-            f"--ray_address auto found a URL in $RAY_ADDRESS ({resolved}): {NOT_A_URL}"
-        )
-    if resolved is not None:  # joined as one given by its address
-        address = resolved
-    host = None if address in (None, "auto") else address.rpartition(":")[0]
+    named = f"--ray_address {address}"  # the address as a line names it
+    if address == "auto" and (found := auto_address()) is not None:
+        address, source = found  # joined as one given by its address
+        named = f"the address {address} that --ray_address auto found in {source}"
+    if address is not None and "://" in address:
+        raise TrainingError(f"{named} is a URL: {NOT_A_URL}")
+    host = None if address in (None, "auto") else split_address(address, named)[0]
     if address is None or (host is not None and is_loopback(host)):
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "token")
@@ -61,45 +60,54 @@ def prepare_ray_environment(address: str | None) -> None:
     # abandons while stopping would otherwise print their errors as "unhandled".
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     if host is not None:
-        check_reachable(address)
+        check_reachable(address, named)
 
 
-def auto_address() -> str | None:
+def auto_address() -> tuple[str, str] | None:
     """The address ``--ray_address auto`` joins, found as Ray finds it: $RAY_ADDRESS, else
-    the cluster last started on this machine (its temp dir's ray_current_cluster); None
-    where there is none. (Ray itself cannot be imported to ask: it reads the settings above
-    as it is.)"""
+    the cluster last started on this machine (its temp dir's ray_current_cluster), with
+    where it was found; None where there is none. (Ray itself cannot be imported to ask:
+    it reads the settings above as it is.)"""
     if os.environ.get("RAY_ADDRESS"):
-        return os.environ["RAY_ADDRESS"]
+        return os.environ["RAY_ADDRESS"], "$RAY_ADDRESS"
     temp = os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()
+    path = os.path.join(temp, "ray", "ray_current_cluster")
     try:
-        with open(os.path.join(temp, "ray", "ray_current_cluster")) as file:
-            return file.read().strip() or None
+        with open(path) as file:
+            address = file.read().strip()
     except OSError:
         return None
+    return (address, path) if address else None
 
 
-def check_reachable(address: str) -> None:
-    """Fails in seconds where Ray would retry an unreachable address for minutes, or
-    one that answers but is not a Ray cluster's GCS for ~20 s, then name the wrong fix."""
-    if "://" in address:
-        raise TrainingError(f"--ray_address {address} is a URL: {NOT_A_URL}")
+def split_address(address: str, named: str) -> tuple[str, int]:
+    """The host (an IPv6 one without its brackets) and port of ``address``, host:port;
+    ``named``: the address as an error line names it."""
     host, _, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise TrainingError(f"{named}: write an IPv6 host in brackets, e.g. [::1]:6379")
     if not host or not port.isdigit():
-        raise TrainingError(
-            f"--ray_address {address!r} is not host:port (e.g. 127.0.0.1:6379) or auto"
-        )
+        raise TrainingError(f"{named} is not host:port (e.g. 127.0.0.1:6379) or auto")
+    return host, int(port)
+
+
+def check_reachable(address: str, named: str) -> None:
+    """Fails in seconds where Ray would retry an unreachable address for minutes, or
+    one that answers but is not a Ray cluster's GCS for ~20 s, then name the wrong fix;
+    ``named``: the address as an error line names it."""
     try:
-        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
+        socket.create_connection(split_address(address, named), REACH_TIMEOUT_S).close()
     except OSError as error:
         raise TrainingError(
-            f"cannot reach a Ray cluster at --ray_address {address}: {error}. Start one "
-            "with `ray start --head`, or leave out --ray_address to run Ray on this machine"
+            f"cannot reach a Ray cluster at {named}: {error}. Start one with `ray start "
+            "--head`, or leave out --ray_address to run Ray on this machine"
         ) from None
-    check_is_ray_gcs(address)
+    check_is_ray_gcs(address, named)
 
 
-def check_is_ray_gcs(address: str) -> None:
+def check_is_ray_gcs(address: str, named: str) -> None:
     """Asks ``address`` for its cluster id, as Ray's driver does first. A gRPC server
     without that method (a raylet; Ray Client's port, 10001) or an HTTP/1 server (the
     dashboard, 8265) is refused; any other answer, or none, is left to Ray."""
@@ -119,4 +127,4 @@ def check_is_ray_gcs(address: str) -> None:
         what = "an HTTP server (8265 is Ray's dashboard)"
     else:
         return  # the GCS asking for its token, or something Ray itself will explain
-    raise TrainingError(f"--ray_address {address} is {what}: {GIVE_THE_GCS}")
+    raise TrainingError(f"{named} is {what}: {GIVE_THE_GCS}")

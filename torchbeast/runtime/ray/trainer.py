@@ -79,7 +79,7 @@ def connect(settings: Settings) -> str:
     else:
         try:
             ray.init(address=address, **quiet)
-        except (ConnectionError, RuntimeError, ray.exceptions.RayError) as error:
+        except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as error:
             raise TrainingError(
                 f"cannot join the Ray cluster at --ray_address {address}: "
                 f"{last_line(error)}. Start one with `ray start --head`, or leave out "
