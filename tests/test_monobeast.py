@@ -368,6 +368,31 @@ def test_laser_replay_adds_replayed_rollouts_and_counts_online_steps_only(tmp_pa
     assert {b - a for a, b in zip(steps, steps[1:], strict=False)} == {4 * 20}  # online only
 
 
+def test_a_replay_smaller_than_a_rollout_is_one_clear_error(tmp_path):
+    # It counts transitions: a user who counted rollouts got a replay that never held one.
+    result = monobeast(tmp_path, *SMALL_RUN, "--replay_size", "19", "--xpid", "run")
+    assert_one_error_line(
+        result,
+        "--replay_size 19 counts transitions (steps), fewer than one rollout of "
+        "--unroll_length 20: it would never hold one; give at least 20",
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_laser_flags_without_a_replay_are_said_to_do_nothing(tmp_path):
+    result = monobeast(
+        tmp_path, *SMALL_RUN, "--replay_ratio", "7", "--learn_start", "100", "--total_steps",
+        "200", "--xpid", "run",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (
+        "--replay_ratio 7 --learn_start 100: LASER's replay is off (--replay_size 0), so they "
+        "do nothing; give --replay_size N (transitions) to turn it on." in result.stdout
+    )
+    plain = monobeast(tmp_path, *SMALL_RUN, "--total_steps", "200", "--xpid", "plain")
+    assert "LASER" not in plain.stdout
+
+
 def test_a_replay_too_large_for_this_machine_is_one_clear_error(tmp_path):
     result = monobeast(tmp_path, "--replay_size", str(10**9), "--xpid", "run")
     assert_one_error_line(result, "--replay_size 1000000000 needs about", "use --replay_size")

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from torchbeast import envs
+from torchbeast.config.layers import DEFAULT
 from torchbeast.config.settings import ReplaySettings, Settings
 from torchbeast.core import checkpoint, rollout
 from torchbeast.core.errors import RunFolderError, UserError
@@ -344,6 +345,7 @@ class Trainer:
         # The env id as resolved (a PolyBeast learner may learn it from its first stream).
         env = dataclasses.replace(self.settings.env, env=env_id)
         envs.log_training_reward(env, self.settings.learner.reward_clipping)
+        self.log_replay_flags_unused()
         per_update = learner.batch_size * learner.unroll_length
         if per_update > self.total_steps > self.learner.step:
             log.warning(  # e.g. a mistyped --batch_size: its first batch may take hours
@@ -391,6 +393,26 @@ class Trainer:
                 f"run the same command to {again}",
             )
         return self.progress.last_stats
+
+    def log_replay_flags_unused(self) -> None:
+        """Says where LASER's flags are given but its replay is off (--replay_size 0): the
+        run would otherwise be plain IMPALA without a word. (Not refused: a grid of runs
+        may give them to every run, --replay_size 0 among its values.)"""
+        if self.replay is not None:
+            return
+        sources, replay = dict(self.settings.run.sources), self.settings.replay
+        given = [
+            flag_text(name, getattr(replay, name))
+            for name in ("replay_ratio", "learn_start", "replay_checkpoint_gib")
+            if sources.get(name, DEFAULT) != DEFAULT
+        ]
+        if given:
+            log.warning(
+                "%s: LASER's replay is off (--replay_size 0), so %s nothing; give "
+                "--replay_size N (transitions) to turn it on.",
+                " ".join(given),
+                "it does" if len(given) == 1 else "they do",
+            )
 
     def summary(self, seconds: float, first_step: int) -> str:
         """The run's last line: where it got, how fast, how well, and where it is."""
@@ -537,7 +559,14 @@ def check_rollouts_fit(settings: Settings, env_spec: EnvSpec) -> None:
 
 
 def check_replay_fits(replay: ReplaySettings, env_spec: EnvSpec, unroll_length: int) -> None:
-    """Refuses a replay that could never fit in this machine's memory, before training."""
+    """Refuses a replay that could never hold a rollout, or never fit in this machine's
+    memory, before training."""
+    if replay.replay_size < unroll_length:
+        raise TrainingError(
+            f"--replay_size {replay.replay_size} counts transitions (steps), fewer than one "
+            f"rollout of --unroll_length {unroll_length}: it would never hold one; give at "
+            f"least {unroll_length} (thousands of rollouts are usual, e.g. 100000)"
+        )
     per_step = step_bytes(env_spec, unroll_length)
     needed = replay.replay_size * per_step
     memory = machine_memory()
