@@ -477,6 +477,19 @@ def test_test_mode_names_each_env_flag_it_plays_with_unlike_training(trained_run
     )
 
 
+def test_proxy_flags_that_do_not_apply_to_the_env_played_are_refused_without_a_warning(
+    trained_run,
+):
+    # The warning said it played with a proxy that the next line refused.
+    savedir, _ = trained_run
+    result = monobeast(
+        savedir, "--env", "PongNoFrameskip-v4", "--mode", "test", "--xpid", "r",
+        "--num_episodes", "1", "--move_penalty", "2",
+    )  # fmt: skip
+    assert_one_error_line(result, "are Riverraid's reward proxies; PongNoFrameskip-v4 has none")
+    assert "WARNING" not in result.stdout
+
+
 def test_eval_of_a_file_that_is_no_torchbeast_checkpoint_is_one_clear_error(tmp_path):
     (tmp_path / "r").mkdir()
     torch.save({"model_state_dict": {}}, tmp_path / "r" / "model.tar")

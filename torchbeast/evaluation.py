@@ -109,9 +109,12 @@ def load_trained(settings: Settings) -> Trained:
     if env.env is None:
         env = dataclasses.replace(env, env=checkpoint.saved_env_id(state, path))
     # The env plays with the command line's family flags (a proxy-trained agent is
-    # evaluated on the game score so): each that differs from training is said once.
-    for line in family_of(env.env).played_unlike_trained(env, state.get("flags", {})):
-        log.warning("%s", line)
+    # evaluated on the game score so): each that differs from training is said once, if
+    # they apply to the env at all. A random policy plays nothing the run trained.
+    family = envs.checked_family(env)
+    if not settings.run.random_policy:
+        for line in family.played_unlike_trained(env, state.get("flags", {})):
+            log.warning("%s", line)
     return Trained(state, path, env)
 
 

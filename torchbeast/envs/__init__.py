@@ -73,10 +73,16 @@ def create_env(
     """
     if isinstance(settings, str):
         settings = EnvSettings(settings)
+    return checked_family(settings).make(settings, num_envs, num_threads, render)
+
+
+def checked_family(settings: EnvSettings) -> EnvFamily:
+    """The family of ``settings.env``, once it has checked that its flags apply to it
+    (EnvError where they do not)."""
     family = family_of(settings.env)
     check_foreign_flags(settings, family)
     family.check(settings)
-    return family.make(settings, num_envs, num_threads, render)
+    return family
 
 
 def reward_description(settings: EnvSettings) -> str | None:
