@@ -262,6 +262,18 @@ def test_main_logs_without_rows_exits_2_with_one_line_error(tmp_path, capsys):
     assert not (folder / "curve.png").exists()
 
 
+def test_main_empty_logs_of_a_run_just_started_exits_2_saying_to_wait(tmp_path, capsys):
+    # A run writes its logs.csv empty as it starts: it was "not a torchbeast logs.csv".
+    folder = write_run(tmp_path, "starting", "")
+
+    code = plot.main([str(folder)])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1
+    assert "logs.csv is empty: its run has made no learner update yet (wait for it)" in err
+
+
 def test_main_folder_without_logs_exits_2_naming_how_to_train(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
 

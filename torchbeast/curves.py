@@ -94,6 +94,11 @@ def read_logs_checked(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
         raise LogsError(f"cannot read {e}: fix or remove that line") from None
     except OSError as e:
         raise LogsError(f"cannot read {path}: {e.strerror or e}") from None
+    if not logs:  # a run writes its logs.csv empty as it starts, its header with a row
+        raise LogsError(
+            f"{path} is empty: its run has made no learner update yet (wait for it), or "
+            f"it is no torchbeast {LOGS_NAME}"
+        )
     if "step" not in logs:
         raise LogsError(f"{path} has no 'step' column: pass a torchbeast {LOGS_NAME}")
     if logs["step"].size == 0:
