@@ -482,7 +482,7 @@ def test_a_savedir_under_a_regular_file_is_one_error_line(tmp_path):
     done = run_study(path)
     assert done.returncode == 1
     folder = tmp_path / "file" / "grid"
-    assert done.stderr.startswith(f"error: Not a directory: {folder}. Check the path: --savedir")
+    assert done.stderr.startswith(f"error: Not a directory: {folder}. Check that path: --savedir")
     assert len(done.stderr.splitlines()) == 1
 
 

@@ -74,6 +74,7 @@ def os_error_line(error: OSError) -> str:
     if not error.filename:
         return str(error)
     return (
-        f"{error.strerror or error}: {error.filename}. Check the path: --savedir (a study's "
-        "savedir) must be a folder this user can write or create, and a file named must exist"
+        f"{error.strerror or error}: {error.filename}. Check that path: --savedir (a study's "
+        "savedir) must be a folder this user can write or create, and each file a flag "
+        "names must exist"
     )
