@@ -138,6 +138,31 @@ def test_a_damaged_logs_csv_is_one_line_and_the_finished_runs_record_stays(tmp_p
     assert steps[0] > 400 and steps[-1] >= 800  # from the checkpoint on
 
 
+def test_a_checkpoint_field_of_another_type_or_missing_is_one_line_in_every_mode(tmp_path):
+    # Each was a traceback where the field was first used (flags in test mode, progress or
+    # starts at resume), or blamed the model (a missing step).
+    run = [*SMALL_RUN, "--total_steps", "200", "--xpid", "r"]
+    assert monobeast(tmp_path, *run).returncode == 0
+    path = tmp_path / "r" / "model.tar"
+    trained = torch.load(path, weights_only=True)
+    for key, value, mode in [
+        ("progress", 5, "train"), ("starts", None, "train"), ("value_scale", None, "train"),
+        ("flags", ["x"], "train"), ("flags", None, "test"), ("step", None, "train"),
+    ]:  # fmt: skip
+        damaged = dict(trained)
+        if value is None and key == "step":
+            del damaged[key]
+            what = "it has no step"
+        else:
+            damaged[key] = value
+            what = f"its {key} is {type(value).__name__}, not "
+        torch.save(damaged, path)
+        written = path.read_bytes()
+        result = monobeast(tmp_path, *run, "--total_steps", "400", "--mode", mode)
+        assert_one_error_line(result, f"{path} is damaged: {what}", "restore it from a copy")
+        assert path.read_bytes() == written  # left as it was
+
+
 def test_sigterm_during_a_checkpoint_write_leaves_a_whole_checkpoint(tmp_path):
     # A model of ~5M parameters: each write takes long enough to be caught in the act.
     run = [*SMALL_RUN, "--hidden_size", "1500", "--num_layers", "3", "--total_steps", "10000000"]

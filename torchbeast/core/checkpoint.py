@@ -72,7 +72,29 @@ def load(path: str, map_location: str | torch.device = "cpu") -> dict:
         ) from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} is not a torchbeast checkpoint (not a dictionary)")
+    for key, kind in FIELD_TYPES.items():
+        if key in state and not is_a(state[key], kind):
+            raise CheckpointError(
+                f"{path} is damaged: its {key} is {type(state[key]).__name__}, not "
+                f"{kind.__name__}: {RESTORE_IT}"
+            )
     return state
+
+
+# A checkpoint's fields and their types (older checkpoints lack some): a field of another
+# type is one line as the file loads, not a traceback where the field is first used.
+FIELD_TYPES: dict[str, type] = {
+    **dict.fromkeys(("model_state_dict", "optimizer_state_dict", "scheduler_state_dict"), dict),
+    **dict.fromkeys(("flags", "env_spec", "model_config", "progress", "rng", "value_scale"), dict),
+    **dict.fromkeys(("step", "updates", "starts"), int),
+    "env": str,
+}
+RESTORE_IT = "restore it from a copy, or move it away to start the run anew"
+
+
+def is_a(value: object, kind: type) -> bool:
+    """isinstance, where a bool is no int."""
+    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
 
 
 def spec_state(spec: EnvSpec) -> dict:

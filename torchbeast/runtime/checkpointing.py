@@ -83,6 +83,10 @@ def changes_line(saved_flags: dict, settings: Settings) -> str | None:
     return "Resumed with settings other than the checkpoint's: " + "; ".join(parts) + "."
 
 
+# What a run resumes from (``Learner.load_state_dict``); the other fields are newer.
+RESUMED_FIELDS = ("model_state_dict", "optimizer_state_dict", "scheduler_state_dict", "step")
+
+
 class RunCheckpoint:
     """A training run's checkpoint at ``path``: the learner's state, resumed from and
     saved to with what the run trains on (env, spec, model, flags)."""
@@ -136,6 +140,10 @@ class RunCheckpoint:
         checkpoint.check_compatible(state, self.env_spec.env_id, self.config, self.path)
         checkpoint.check_spec(state, self.env_spec, self.path)
         checkpoint.check_optimizer(state, self.settings.learner.optimizer, self.path)
+        if missing := [key for key in RESUMED_FIELDS if key not in state]:
+            raise checkpoint.CheckpointError(
+                f"{self.path} is damaged: it has no {missing[0]}: {checkpoint.RESTORE_IT}"
+            )
         try:
             self.learner.load_state_dict(state)
         except (KeyError, RuntimeError, ValueError) as error:  # e.g. another number of actions
