@@ -231,13 +231,10 @@ def flag_differences(
     defaults = {field.name: field.default for field in fields}
     lines = []
     for name in names:
-        played = settings.option(name, defaults[name])
-        trained = trained_flags.get(name, defaults[name])
-        if played != trained:
-            lines.append(
-                f"Playing with {setting_text(name, played)}, but the run was trained with "
-                f"{setting_text(name, trained)}."
-            )
+        played = setting_text(name, settings.option(name, defaults[name]))
+        trained = setting_text(name, trained_flags.get(name, defaults[name]))
+        if played != trained:  # as said: a switch off and one never given are the same
+            lines.append(f"Playing with {played}, but the run was trained with {trained}.")
     return lines
 
 
