@@ -516,6 +516,60 @@ def test_a_port_in_use_is_one_line_at_each_entry_point(tmp_path):
             ], command
 
 
+def test_a_unix_socket_another_process_serves_is_one_line_at_each_entry_point(tmp_path, sockets):
+    # gRPC removed the socket file and served in its place: the first run was left
+    # waiting on an address nothing could reach.
+    path = f"{sockets}/taken"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as holder:
+        holder.bind(path)
+        holder.listen()
+        inode = os.stat(path).st_ino
+        learner = [*LEARNER, "--savedir", str(tmp_path)]
+        commands = [
+            ["torchbeast.polybeast", *learner, "--serve", f"unix:{path}", "--num_actors", "1"],
+            ["torchbeast.polybeast_learner", *learner, "--serve", f"unix:{path}"],
+            ["torchbeast.polybeast_env", *ENV, "--env_servers", f"unix:{path}"],
+        ]
+        for command in commands:
+            result = subprocess.run(
+                [sys.executable, "-m", *command],
+                cwd=REPO, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert result.returncode == 1, result.stderr
+            assert result.stderr.strip().splitlines() == [
+                f"error: cannot listen on unix:{path}: another process serves it (another run "
+                "or env server?): stop it, or give another socket path"
+            ], command
+        assert os.stat(path).st_ino == inode  # still its socket
+
+
+def test_a_unix_socket_path_is_checked_before_grpc_would_remove_what_is_there(sockets):
+    from torchbeast.runtime.poly.network import NetworkError, check_can_listen
+
+    stale = f"{sockets}/stale"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as gone:
+        gone.bind(stale)  # left behind, as by a server killed with SIGKILL
+    check_can_listen(f"unix:{stale}")  # gRPC replaces it
+    a_file = f"{sockets}/notes.txt"
+    with open(a_file, "w") as f:
+        f.write("kept")
+    with pytest.raises(NetworkError, match="notes.txt is a file, not a socket"):
+        check_can_listen(f"unix:{a_file}")
+    assert open(a_file).read() == "kept"
+
+
+def test_a_unix_socket_path_too_long_for_the_os_is_refused_as_a_flag(tmp_path):
+    path = "/tmp/" + "a" * 110
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast_env", *ENV, "--connect", f"unix:{path}"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "has a socket path of 115 bytes, more than the 107 a Unix socket takes" in (
+        result.stderr
+    )
+
+
 # --------------------------------------------------------------------------- refusals
 
 

@@ -134,12 +134,23 @@ class PolySettings:
     )
 
 
+UNIX_PATH_MAX = 107  # bytes of a Unix socket's path (sockaddr_un's 108, less its NUL)
+
+
 def address_problem(address: str) -> str | None:
     """What makes ``address`` no gRPC address of ours (host:port with a port in 1-65535,
     or unix:PATH); None for a good one. (gRPC takes port 99999 as 99999 mod 65536, and
     dials a malformed address forever.)"""
     if address.startswith("unix:"):
-        return None if address[len("unix:") :].strip() else "unix: names no socket path"
+        path = address[len("unix:") :].removeprefix("//")
+        if not path.strip():
+            return "unix: names no socket path"
+        if len(os.fsencode(path)) > UNIX_PATH_MAX:
+            return (
+                f"has a socket path of {len(os.fsencode(path))} bytes, more than the "
+                f"{UNIX_PATH_MAX} a Unix socket takes: give a shorter path"
+            )
+        return None
     host, colon, port = address.rpartition(":")
     if not colon or not host:
         return "is not host:port or unix:PATH"

@@ -12,6 +12,7 @@ import hmac
 import logging
 import os
 import socket
+import stat
 from concurrent import futures
 
 import grpc
@@ -107,18 +108,42 @@ BIND_PROBLEMS = {
 }
 
 
+def check_can_listen_on_unix(address: str, path: str) -> None:
+    """A Unix socket's folder must exist, and nothing may serve on it: gRPC removes what
+    is at the path before it binds, a file or another server's socket alike (which then
+    served nobody, its run left waiting)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise NetworkError(
+            f"cannot listen on {address}: no folder {folder}: create it, or give another "
+            "socket path"
+        )
+    if not os.path.lexists(path):
+        return
+    if not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise NetworkError(
+            f"cannot listen on {address}: {path} is a file, not a socket: give another "
+            "socket path (or move the file away)"
+        )
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)  # a live server answers at once
+        try:
+            probe.connect(path)
+        except OSError:
+            return  # a socket left by a server that is gone: gRPC replaces it
+    raise NetworkError(
+        f"cannot listen on {address}: another process serves it (another run or env "
+        "server?): stop it, or give another socket path"
+    )
+
+
 def check_can_listen(address: str) -> None:
     """Raises NetworkError where ``address`` cannot be listened on, saying why: a Unix
     socket in a missing folder, a port in use, a host not this machine's. (gRPC says only
     that it failed to bind, in a log line of its own beside.) Like gRPC, a host:port that
     names several addresses is good if one of them binds."""
     if address.startswith("unix:"):
-        folder = os.path.dirname(os.path.abspath(address[len("unix:") :].removeprefix("//")))
-        if not os.path.isdir(folder):
-            raise NetworkError(
-                f"cannot listen on {address}: no folder {folder}: create it, or give "
-                "another socket path"
-            )
+        check_can_listen_on_unix(address, address[len("unix:") :].removeprefix("//"))
         return
     host, _, port = address.rpartition(":")
     if address.startswith("unix-abstract:") or not port.isdigit() or int(port) == 0:
