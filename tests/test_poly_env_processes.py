@@ -8,6 +8,7 @@ then killed with SIGKILL while its env processes start; none of them may be left
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -171,3 +172,22 @@ def test_running_env_processes_have_no_torch_loaded(start_marked, sockets, tmp_p
             torch_files = {line.split()[-1] for line in f if "/torch/" in line}
         assert torch_files == set(), f"{command_line(pid)} has torch loaded"
     assert process.poll() is None
+
+
+def test_an_env_process_killed_by_a_signal_is_one_line_naming_it(start_marked, sockets, tmp_path):
+    # polybeast_env stopped its other processes and exited 1 without a word.
+    process, marker = start_marked(
+        "torchbeast.polybeast_env", *polybeast_env_args("connect", sockets)
+    )
+    log = tmp_path / "torchbeast.polybeast_env.log"
+    wait_for(lambda: log.read_text().count("retrying") == 2, 60, "both clients to dial")
+    victim = env_processes(marker)[0]
+    os.kill(victim, signal.SIGKILL)  # as the kernel's OOM killer does
+    assert process.wait(timeout=30) == 1
+    last = log.read_text().strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"error: env process [01] \(pid {victim}\) was killed by SIGKILL \(out of memory\?\); "
+        r"the others were stopped: run the same command to start them again",
+        last,
+    ), last
+    assert survivors(marker) == []

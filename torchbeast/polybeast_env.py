@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     from torchbeast.config.parsers import make_env_parser
     from torchbeast.config.poly import addresses_of, check_addresses, poly_env_settings
     from torchbeast.envs import EnvError
-    from torchbeast.runtime.poly.env_side import run_processes
+    from torchbeast.runtime.poly.env_side import EnvProcessKilled, run_processes
 
     parser = make_env_parser()
     flags = parser.parse_args(argv)
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = poly_env_settings(flags)
     try:
         return run_processes(settings)
-    except EnvError as error:
+    except (EnvError, EnvProcessKilled) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from torchbeast import envs
 from torchbeast.config.poly import PolyEnvSettings
-from torchbeast.core.errors import shown
+from torchbeast.core.errors import UserError, shown
 from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
@@ -350,13 +350,29 @@ def run_processes(settings: PolyEnvSettings) -> int:
             reward,
         )
     stop = _stop_on_signals()
-    status = 0
     try:
         while not stop.is_set() and any(p.is_alive() for p in processes):
             stop.wait(0.2)
-            if any(p.exitcode not in (None, 0) for p in processes):
-                status = 1
-                stop.set()
+            for index, process in enumerate(processes):
+                if stop.is_set():  # a signal to the whole group: they stop with it
+                    break
+                if process.exitcode is not None and process.exitcode < 0:
+                    raise EnvProcessKilled(killed_line(index, process))
+                if process.exitcode not in (None, 0):
+                    return 1  # its own error line is above
     finally:
         stop_processes(processes)
-    return status
+    return 0
+
+
+class EnvProcessKilled(UserError, RuntimeError):
+    """An env process ended by a signal (the OOM killer, a user's kill): no line of its own."""
+
+
+def killed_line(index: int, process: mp.process.BaseProcess) -> str:
+    name = signal.Signals(-process.exitcode).name
+    why = " (out of memory?)" if name == "SIGKILL" else ""
+    return (
+        f"env process {index} (pid {process.pid}) was killed by {name}{why}; the others were "
+        "stopped: run the same command to start them again"
+    )
