@@ -128,6 +128,27 @@ def test_riverraid_proxy_is_computed_by_the_env_servers_and_logged_by_the_learne
     assert "WARNING" not in evaluated.stdout + evaluated.stderr  # the same proxy flags
 
 
+def test_a_learner_told_no_env_says_which_presets_of_its_env_it_goes_without(
+    tmp_path, sockets, processes
+):
+    # Presets apply as flags are parsed: MinAtar trained an MLP at entropy 0.001 unsaid.
+    processes(
+        "torchbeast.polybeast_env", "--env", "MinAtar/Breakout-v1", "--num_servers", "1",
+        "--pipes_basename", f"unix:{sockets}/minatar", log=tmp_path / "env.log",
+    )  # fmt: skip
+    learner = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast_learner", *LEARNER[2:], "--entropy_cost",
+         "0.02", "--env_servers", f"unix:{sockets}/minatar.0", "--total_steps", "100",
+         "--savedir", str(tmp_path), "--xpid", "run"],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert learner.returncode == 0, learner.stderr
+    assert (
+        "MinAtar/Breakout-v1's presets did not apply (--torso grid): the learner was not told "
+        "--env. Give it --env MinAtar/Breakout-v1 to take them, or those flags."
+    ) in learner.stdout + learner.stderr  # --entropy_cost was given: its own
+
+
 def test_a_learner_told_no_env_records_its_env_servers_proxy_and_refuses_another(
     tmp_path, sockets, processes
 ):

@@ -342,6 +342,8 @@ class Trainer:
         for preset, values in run.presets_applied().items():
             given = " ".join(flag_text(name, value) for name, value in values.items())
             log.info("Settings from the %s: %s (--no_presets leaves them out).", preset, given)
+        if self.settings.env.env is None:  # a PolyBeast learner its first environment told
+            self.log_presets_not_applied(env_id)
         # The env id as resolved (a PolyBeast learner may learn it from its first stream).
         env = dataclasses.replace(self.settings.env, env=env_id)
         envs.log_training_reward(env, self.settings.learner.reward_clipping)
@@ -393,6 +395,27 @@ class Trainer:
                 f"run the same command to {again}",
             )
         return self.progress.last_stats
+
+    def log_presets_not_applied(self, env_id: str) -> None:
+        """Says which of ``env_id``'s presets the run goes without: presets apply as flags
+        are parsed, and this learner learnt its env from its first environment since."""
+        flags, sources = self.recorded_flags, self.recorded_sources  # its envs' options too
+        if flags.get("no_presets"):
+            return
+        missed = {
+            name: value
+            for preset in envs.family_of(env_id).presets(env_id, flags)
+            for name, value in preset.flags.items()
+            if name in flags and sources.get(name, DEFAULT) == DEFAULT and flags[name] != value
+        }
+        if missed:
+            log.warning(
+                "%s's presets did not apply (%s): the learner was not told --env. Give it "
+                "--env %s to take them, or those flags.",
+                env_id,
+                " ".join(flag_text(name, value) for name, value in missed.items()),
+                env_id,
+            )
 
     def log_replay_flags_unused(self) -> None:
         """Says where LASER's flags are given but its replay is off (--replay_size 0): the
