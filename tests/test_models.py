@@ -272,7 +272,19 @@ def test_model_config_for_vector_observations_is_mlp():
 
 
 def test_model_config_for_small_grids_like_minatar_is_mlp():
-    assert model_config(ModelSettings(use_resnet=True), (10, 10, 4))["kind"] == "mlp"
+    assert model_config(ModelSettings(), (10, 10, 4))["kind"] == "mlp"
+
+
+@pytest.mark.parametrize("observation_shape", [(10, 10, 4), VECTOR_SHAPE])
+def test_use_resnet_without_frames_is_refused_as_torso_resnet_is(observation_shape):
+    # It quietly trained an MLP.
+    with pytest.raises(UserError, match=r"--torso resnet reads \[C, H, W\] frames .* \(and "):
+        model_config(ModelSettings(use_resnet=True), observation_shape)
+
+
+def test_use_resnet_against_another_torso_names_the_preset_and_the_fix():
+    with pytest.raises(UserError, match=r"--torso \(given, or the env's preset\) for grid: leave"):
+        model_config(ModelSettings(use_resnet=True, torso="grid"), (10, 10, 4))
 
 
 def test_grid_torso_is_the_minatar_papers_conv_then_one_layer():

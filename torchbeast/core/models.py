@@ -283,13 +283,13 @@ def sampling_generator(device: torch.device) -> torch.Generator:
     return generator
 
 
-def default_torso(observation_shape: Sequence[int], use_resnet: bool = False) -> str:
-    """The torso that suits these observations: AtariNet (or the ResNet) for [C, 84, 84]
-    frames, else an MLP. The grid conv is asked for with --torso grid: with the default
+def default_torso(observation_shape: Sequence[int]) -> str:
+    """The torso that suits these observations: AtariNet for [C, 84, 84] frames, else an
+    MLP. The grid conv is asked for with --torso grid: with the default
     entropy cost it lifted MinAtar SpaceInvaders but collapsed MinAtar Breakout's policy
     within 50K steps (see the manual: docs/results.md)."""
     if len(observation_shape) == 3 and min(observation_shape[1:]) >= 36:
-        return "resnet" if use_resnet else "atari"
+        return "atari"
     return "mlp"
 
 
@@ -316,8 +316,12 @@ def model_config(settings: ModelSettings, observation_shape: Sequence[int]) -> d
     """The architecture a run uses, resolved from its model settings; stored in
     checkpoints."""
     if settings.torso and settings.use_resnet and settings.torso != "resnet":
-        raise UserError(f"--use_resnet asks for the ResNet torso, --torso for {settings.torso}")
-    kind = settings.torso or default_torso(observation_shape, settings.use_resnet)
+        raise UserError(
+            f"--use_resnet asks for the ResNet torso, --torso (given, or the env's preset) "
+            f"for {settings.torso}: leave out one of them (--no_presets leaves out a preset's)"
+        )
+    # --use_resnet is --torso resnet: refused, as it, where there are no frames to read.
+    kind = settings.torso or ("resnet" if settings.use_resnet else default_torso(observation_shape))
     check_torso(kind, observation_shape)
     default_hidden = {"atari": 512, "resnet": 256, "grid": 128, "mlp": 64}[kind]
     default_layers = 2 if kind == "mlp" else 1
