@@ -144,6 +144,11 @@ def test_a_config_file_sits_above_the_presets_and_beneath_the_command_line(tmp_p
         # A file's strings are bounded and escaped where a line shows them.
         ('"a\\nb" = 1', "'a\\nb' is no flag of this command"),
         (f'torso = "{"x" * 100_000}"', "(100000 chars): 'xxxx"),
+        # One flag twice: the later won, unsaid.
+        ("batch-size = 8\nbatch_size = 9", "'batch-size' and 'batch_size' both set "
+         "--batch_size: keep one"),
+        ("print_settings = true", "'print_settings' belongs on the command line, not in a file"),
+        ("help = true", "'help' belongs on the command line, not in a file"),
     ],
 )  # fmt: skip
 def test_a_wrong_config_file_is_one_line_naming_the_file_and_the_key(tmp_path, text, fragment):
@@ -155,6 +160,13 @@ def test_a_wrong_config_file_is_one_line_naming_the_file_and_the_key(tmp_path, t
     assert len(lines) == 1 and f"--config {config}:" in lines[0] and fragment in lines[0], lines
     assert len(lines[0]) < 1000
     assert not (tmp_path / "latest").exists()  # nothing started
+
+
+def test_an_empty_config_path_is_one_line(tmp_path):
+    # As `--config "$FILE"` with $FILE unset: it was ignored.
+    result = monobeast(tmp_path, "--config", "")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "--config names no file" in result.stderr
 
 
 def test_a_missing_config_file_is_one_line(tmp_path):

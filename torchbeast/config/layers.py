@@ -27,6 +27,10 @@ DEFAULT = "default"
 COMMAND_LINE = "command line"
 
 
+# Flags about how the command line is read, which a config file cannot give.
+COMMAND_LINE_ONLY = ("config", "print_settings", "help")
+
+
 def flag_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     """The parser's flags by destination (``learning_rate``), help left out."""
     return {
@@ -94,12 +98,21 @@ def read_config_file(path: str, parser: argparse.ArgumentParser) -> dict:
         parser.error(f"--config {path}: not valid TOML ({error})")
     actions = flag_actions(parser)
     options = [f"--{dest}" for dest in actions]
-    values = {}
+    values, keys = {}, {}
     for key, value in table.items():
         name = key.replace("-", "_")
-        if name not in actions or name in ("config", "print_settings"):
+        if name in COMMAND_LINE_ONLY:
+            parser.error(
+                f"--config {path}: {shown(key)} belongs on the command line, not in a file"
+            )
+        if name not in actions or isinstance(actions[name], argparse._HelpAction):
             near = did_you_mean(f"--{name}", options)
             parser.error(f"--config {path}: {shown(key)} is no flag of this command{near}")
+        if name in keys:  # TOML refuses a key twice, not batch-size beside batch_size
+            parser.error(
+                f"--config {path}: {shown(keys[name])} and {shown(key)} both set --{name}: keep one"
+            )
+        keys[name] = key
         try:
             values[name] = file_value(actions[name], value)
         except ValueError as error:
@@ -139,6 +152,8 @@ def parse_in_layers(
         return parser.parse_args(argv), {}
     given = given_on_command_line(parser, argv)
     defaults = {dest: parser.get_default(dest) for dest in flag_actions(parser)}
+    if given.get("config") == "":  # e.g. --config "$FILE" with $FILE unset
+        parser.error("--config names no file (it is empty): give the file's path, or leave it out")
     config = given.get("config") or defaults.get("config")
     file_values = read_config_file(config, parser) if config else {}
     view = {**defaults, **file_values, **given}
