@@ -402,7 +402,22 @@ def test_a_replay_too_large_for_this_machine_is_one_clear_error(tmp_path):
 def test_rollouts_too_large_for_this_machine_are_one_clear_error(tmp_path):
     # They were allocated until the kernel killed the run, with no word (exit 137).
     result = monobeast(tmp_path, *SMALL_RUN, "--unroll_length", str(10**8), "--xpid", "run")
-    assert_one_error_line(result, "rollouts of --unroll_length 100000000", "lower --unroll")
+    assert_one_error_line(
+        result, "rollouts of --unroll_length 100000000", "give a shorter --unroll_length"
+    )
+
+
+def test_rollouts_of_too_many_envs_for_this_machine_name_the_envs_not_the_batch(tmp_path):
+    # The line said to lower --unroll_length or --batch_size, which could not help.
+    result = monobeast(
+        tmp_path, "--env", "PongNoFrameskip-v4", "--num_actors", "8", "--envs_per_actor",
+        str(10**7), "--batch_size", "16", "--unroll_length", "5", "--xpid", "run",
+    )  # fmt: skip
+    assert_one_error_line(
+        result,
+        "(--num_buffers: 2 x --num_actors 8 x --envs_per_actor 10000000) need about",
+        "envs in all (--num_actors x --envs_per_actor)",
+    )
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from torchbeast import envs
+from torchbeast.config.flags import DERIVED
 from torchbeast.config.layers import DEFAULT
 from torchbeast.config.settings import ReplaySettings, Settings
 from torchbeast.core import checkpoint, rollout
@@ -568,17 +569,35 @@ def check_rollouts_fit(settings: Settings, env_spec: EnvSpec) -> None:
     """Refuses, before training, rollouts that could never fit in this machine's memory
     at once: MonoBeast's --num_buffers of them, elsewhere two batches' (the one learnt
     from and the next); else the run would be killed for memory with no word."""
-    unroll_length = settings.learner.unroll_length
-    held = settings.actors.num_buffers or 2 * settings.learner.batch_size
-    needed = held * (unroll_length + 1) * step_bytes(env_spec, unroll_length)
+    unroll_length, batch_size = settings.learner.unroll_length, settings.learner.batch_size
+    buffers = settings.actors.num_buffers
+    held = buffers or 2 * batch_size
+    per_rollout = (unroll_length + 1) * step_bytes(env_spec, unroll_length)
     memory = machine_memory()
-    if needed > 0.8 * memory:
-        raise TrainingError(
-            f"{held} rollouts of --unroll_length {unroll_length} (--batch_size "
-            f"{settings.learner.batch_size}, and MonoBeast's --num_buffers) need about "
-            f"{needed / 2**30:.1f} GiB but this machine has {memory / 2**30:.1f} GiB: lower "
-            "--unroll_length or --batch_size"
-        )
+    if held * per_rollout <= 0.8 * memory:
+        return
+    fits = int(0.8 * memory / per_rollout)
+    derived = dict(settings.run.sources).get("num_buffers") == DERIVED
+    actors, envs_per_actor = settings.actors.num_actors, settings.actors.envs_per_actor
+    if buffers is None:
+        why = f"two batches of --batch_size {batch_size}"
+    elif derived:
+        why = f"--num_buffers: 2 x --num_actors {actors} x --envs_per_actor {envs_per_actor}"
+    else:
+        why = f"--num_buffers {buffers}"
+    if fits < 2 * batch_size:  # not even the batches: the rollouts are too long
+        fix = f"a shorter --unroll_length, or --batch_size {fits // 2} or less"
+    elif buffers is None:
+        fix = f"--batch_size {fits // 2} or less, or a shorter --unroll_length"
+    elif derived:
+        fix = f"at most {fits // 2} envs in all (--num_actors x --envs_per_actor)"
+    else:
+        fix = f"--num_buffers {fits} or less"
+    raise TrainingError(
+        f"{held} rollouts of --unroll_length {unroll_length} ({why}) need about "
+        f"{held * per_rollout / 2**30:.1f} GiB but this machine has {memory / 2**30:.1f} GiB: "
+        f"give {fix}"
+    )
 
 
 def check_replay_fits(replay: ReplaySettings, env_spec: EnvSpec, unroll_length: int) -> None:
