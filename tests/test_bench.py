@@ -232,6 +232,16 @@ def test_sampling_alone_says_in_one_line_why_the_actors_stopped(tmp_path):
     assert last.startswith("error: ") and "actors keep dying" in last, result.stderr
 
 
+def test_a_mode_other_than_training_is_refused(capsys):
+    from torchbeast.bench import main
+
+    # It trained and measured as ever, exit 0.
+    assert main([*SMALL, "--mode", "test"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --mode test: the benchmark measures training; leave out --mode"
+    )
+
+
 def test_a_total_steps_that_ends_the_run_before_the_window_is_refused(capsys):
     from torchbeast.bench import main
 

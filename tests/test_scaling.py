@@ -116,6 +116,17 @@ def test_asking_for_cuda_without_it_is_one_clear_error():
     ]
 
 
+def test_a_layout_flag_is_refused_for_the_rows_set_their_own():
+    # The header said every row ran with --num_actors 7; the rows ran their layouts.
+    command = [sys.executable, "-m", "torchbeast.scaling", *SMALL, "--num_actors", "7"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: --num_actors is each row's own: give the rows with --layouts ACTORSxENVS,... "
+        "(and --devices)"
+    ]
+
+
 @pytest.mark.parametrize("entry_point", ["scaling", "bench"])
 def test_a_json_path_that_cannot_be_written_is_refused_before_measuring(tmp_path, entry_point):
     for path, said in [

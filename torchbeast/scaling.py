@@ -46,6 +46,9 @@ ENVS_PER_ACTOR = 8
 GROWTH_KEEPERS = set(RECIPE)
 
 
+LAYOUT_FLAGS = ("--num_actors", "--envs_per_actor", "--disable_cuda")  # set per row
+
+
 def set_elsewhere(passed: list[str]) -> set[str]:
     """The recipe's flags (and the learning rate) that ``passed`` sets, itself or through
     the env's presets or a --config file."""
@@ -218,6 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if flags.json and (problem := unwritable(flags.json, "--json")):
         print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if layout_flags := [word for word in passed if word.split("=")[0] in LAYOUT_FLAGS]:
+        print(  # each row sets its own: the header named them, the rows ran without
+            f"error: {layout_flags[0].split('=')[0]} is each row's own: give the rows with "
+            "--layouts ACTORSxENVS,... (and --devices)",
+            file=sys.stderr,
+        )
         return 2
     recipe = " ".join(recipe_arguments(passed=passed))
     if not set_elsewhere(passed) & GROWTH_KEEPERS:
