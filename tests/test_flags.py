@@ -453,6 +453,11 @@ def test_env_servers_that_name_no_address_are_refused_in_one_line(capsys, server
             "--pipes_basename '127.0.0.1:4431' is no unix:PATH: each env server adds .N to "
             "it; give host:port addresses with --env_servers",
         ),
+        (  # --env_servers went unused
+            ["--serve", "unix:/tmp/learner", "--env_servers", "127.0.0.1:4431"],
+            "--serve (inverted mode: env clients dial the learner) and --env_servers (classic "
+            "mode: the learner dials env servers) exclude each other: keep one",
+        ),
     ],
 )
 def test_an_address_grpc_would_misread_is_refused_in_one_line(capsys, argv, said):

@@ -162,6 +162,12 @@ def address_problem(address: str) -> str | None:
 def check_addresses(parser: argparse.ArgumentParser, named: dict[str, list[str]]) -> None:
     """Refuses, in one line, the first address of ``named`` (flag -> its addresses) that
     is no address, or a flag that names none."""
+    for inverted in ("--serve", "--connect"):
+        if inverted in named and "--env_servers" in named:  # one of them went unused
+            parser.error(
+                f"{inverted} (inverted mode: env clients dial the learner) and --env_servers "
+                "(classic mode: the learner dials env servers) exclude each other: keep one"
+            )
     for flag_name, addresses in named.items():
         if not addresses:
             parser.error(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -328,6 +329,12 @@ class PolyActorPool(Pool):
                 if failures is not None and not failures.empty():
                     self.fail(
                         f"every env process this command started has exited: {failures.get()}"
+                    )
+                elif signals := sorted({signal.Signals(-code).name for code in codes if code < 0}):
+                    memory = " (out of memory?)" if "SIGKILL" in signals else ""
+                    self.fail(
+                        f"every env process this command started has exited, killed by "
+                        f"{' or '.join(signals)}{memory} (exit codes {codes})"
                     )
                 else:
                     self.fail(
