@@ -191,3 +191,24 @@ def test_an_env_process_killed_by_a_signal_is_one_line_naming_it(start_marked, s
         last,
     ), last
     assert survivors(marker) == []
+
+
+def test_polybeast_whose_env_processes_were_all_killed_names_the_signal(
+    start_marked, sockets, tmp_path
+):
+    # The line pointed at errors "in the output above" that no process wrote.
+    process, marker = start_marked(
+        "torchbeast.polybeast", *LEARNER, "--num_servers", "1", "--num_actors", "1",
+        "--pipes_basename", f"unix:{sockets}/env", "--savedir", str(tmp_path),
+        "--total_steps", "100000000",
+    )  # fmt: skip
+    log = tmp_path / "torchbeast.polybeast.log"
+    wait_for(lambda: "Steps" in log.read_text(), 60, "training to start")
+    for pid in env_processes(marker):
+        os.kill(pid, signal.SIGKILL)
+    assert process.wait(timeout=60) == 1
+    last = log.read_text().strip().splitlines()[-1]
+    assert last.startswith(
+        "error: every env process this command started has exited, killed by SIGKILL (out of "
+        "memory?)"
+    ), last
