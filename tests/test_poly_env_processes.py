@@ -18,6 +18,7 @@ import uuid
 import pytest
 
 from tests.conftest import spawn
+from tests.test_monobeast import read_rows, wait_for_rows
 from tests.test_polybeast import ENV, LEARNER, REPO, wait_for
 
 MARKER = "TORCHBEAST_TEST_PROCESS_TREE"
@@ -193,22 +194,27 @@ def test_an_env_process_killed_by_a_signal_is_one_line_naming_it(start_marked, s
     assert survivors(marker) == []
 
 
-def test_polybeast_whose_env_processes_were_all_killed_names_the_signal(
+def test_polybeast_replaces_an_env_process_killed_by_a_signal_and_trains_on(
     start_marked, sockets, tmp_path
 ):
-    # The line pointed at errors "in the output above" that no process wrote.
+    # It went on with fewer envs (with none, it stopped, pointing at errors "in the output
+    # above" that no process wrote).
     process, marker = start_marked(
         "torchbeast.polybeast", *LEARNER, "--num_servers", "1", "--num_actors", "1",
         "--pipes_basename", f"unix:{sockets}/env", "--savedir", str(tmp_path),
-        "--total_steps", "100000000",
+        "--xpid", "run", "--total_steps", "100000000",
     )  # fmt: skip
     log = tmp_path / "torchbeast.polybeast.log"
     wait_for(lambda: "Steps" in log.read_text(), 60, "training to start")
-    for pid in env_processes(marker):
-        os.kill(pid, signal.SIGKILL)
-    assert process.wait(timeout=60) == 1
-    last = log.read_text().strip().splitlines()[-1]
-    assert last.startswith(
-        "error: every env process this command started has exited, killed by SIGKILL (out of "
-        "memory?)"
-    ), last
+    (killed,) = env_processes(marker)
+    os.kill(killed, signal.SIGKILL)  # as the kernel's OOM killer does
+    wait_for(lambda: "starting a new one" in log.read_text(), 30, "the replacement")
+    assert f"Env process 0 (pid {killed}) was killed by SIGKILL; starting a new one." in (
+        log.read_text()
+    )
+    rows = len(read_rows(tmp_path / "run" / "logs.csv"))
+    wait_for_rows(tmp_path / "run" / "logs.csv", rows + 20)  # its streams dialled again
+    assert process.poll() is None
+    os.killpg(process.pid, signal.SIGTERM)
+    assert process.wait(timeout=60) == 128 + signal.SIGTERM
+    assert survivors(marker) == []

@@ -309,25 +309,30 @@ def start_processes(
     their log lines below ``log_level`` are not shown (``polybeast --suppress_logs``);
     ``failures``: see :func:`process_main`."""
     envs.env_spec(settings.env)  # a bad --env is one error line here, not one per process
-    context = mp.get_context("spawn")
     count = (
         settings.network.num_servers
         if settings.connect
         else len(settings.network.server_addresses())
     )
+    return [start_process(settings, index, log_level, failures) for index in range(count)]
+
+
+def start_process(
+    settings: PolyEnvSettings,
+    index: int,
+    log_level: int = logging.INFO,
+    failures: SimpleQueue | None = None,
+) -> mp.process.BaseProcess:
+    """Starts env process ``index`` of :func:`start_processes` (or its replacement)."""
     entry = f"{__name__}:process_main"  # imported by the child once it dies with this one
-    processes = [
-        context.Process(
-            target=guarded_main,
-            args=(os.getpid(), entry, settings, i, log_level, failures),
-            name=f"env-{i}",
-            daemon=True,
-        )
-        for i in range(count)
-    ]
-    for process in processes:
-        process.start()
-    return processes
+    process = mp.get_context("spawn").Process(
+        target=guarded_main,
+        args=(os.getpid(), entry, settings, index, log_level, failures),
+        name=f"env-{index}",
+        daemon=True,
+    )
+    process.start()
+    return process
 
 
 def stop_processes(processes: list[mp.process.BaseProcess], timeout_s: float = 5.0) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import multiprocessing as mp
 import os
 import signal
 import threading
@@ -53,6 +54,7 @@ from torchbeast.runtime.poly.stream_rollouts import Rollout, StreamRollouts
 from torchbeast.runtime.pool import Pool
 from torchbeast.runtime.processes import process_cpu_seconds
 from torchbeast.runtime.queues import Batch, Closed, RolloutQueue, stack_rollouts
+from torchbeast.runtime.supervision import RestartBudget
 from torchbeast.runtime.training import TrainingError
 
 log = logging.getLogger("torchbeast")
@@ -73,8 +75,11 @@ class PolyActorPool(Pool):
         spec: EnvSpec | None = None,
         env_failures: SimpleQueue | None = None,
         env_options: dict[str, object] | None = None,
+        restart_env_process: Callable[[int], mp.process.BaseProcess] | None = None,
     ):
         """``env_processes``: the env processes this command started, watched for exits;
+        ``restart_env_process``: starts a replacement for the one of that index killed by
+        a signal (within the budget of a dead actor's);
         ``env_failures``: where their error lines come (``env_side.process_main``);
         ``env_options``: the env family flags the run's environments were made with, if
         known (a resumed run's), as ``spec``.
@@ -89,6 +94,8 @@ class PolyActorPool(Pool):
         self.env_processes = env_processes or []
         self.owns_envs = bool(self.env_processes)
         self.env_failures = env_failures
+        self.restart_env_process = restart_env_process
+        self.env_restarts = RestartBudget(len(self.env_processes))
         self.run_spec = RunSpec(spec, env_options)
         self.model_ready = threading.Event()
         super().__init__()
@@ -323,6 +330,7 @@ class PolyActorPool(Pool):
     def _watch_env_processes(self) -> None:
         """Stops the run with one line once every env process this command started died."""
         while not self.stopping.wait(1.0):
+            self._replace_killed_env_processes()
             codes = [process.exitcode for process in self.env_processes]
             if all(code is not None for code in codes):
                 failures = self.env_failures
@@ -341,6 +349,31 @@ class PolyActorPool(Pool):
                         f"every env process this command started has exited (exit codes "
                         f"{codes}); their errors are in the output above"
                     )
+
+    def _replace_killed_env_processes(self) -> None:
+        """Starts a new env process in place of each one a signal killed (its streams are
+        dialled again, or it dials again), while the restart budget lasts; one that
+        exited with its own error is not replaced."""
+        for index, process in enumerate(self.env_processes):
+            if process.exitcode is None or process.exitcode >= 0 or self.stopping.is_set():
+                continue
+            name = signal.Signals(-process.exitcode).name
+            if self.restart_env_process is None:
+                return  # not this command's to start
+            if not self.env_restarts.record_death():
+                self.fail(
+                    f"env processes keep dying: {self.env_restarts.deaths_text()} (last: "
+                    f"process {index}, killed by {name}); check memory (e.g. fewer "
+                    "--num_actors or --num_servers)"
+                )
+                return
+            log.warning(
+                "Env process %d (pid %d) was killed by %s; starting a new one.",
+                index,
+                process.pid,
+                name,
+            )
+            self.env_processes[index] = self.restart_env_process(index)
 
     def _watch_connections(self) -> None:
         """Says once when no environment is left, instead of waiting silently."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import logging
 import multiprocessing as mp
 import os
@@ -106,7 +107,11 @@ def session(settings: Settings, start_envs: bool = True) -> Iterator[PolyTrainer
     try:
         check_run_dir(settings.run)
         spec, env_options = learner_spec(settings)
-        pool = PolyActorPool(settings, processes, spec, failures, env_options)
+        # A process killed by a signal (the OOM killer) is replaced, as a dead actor is.
+        restart = functools.partial(
+            env_side.start_process, env_settings, log_level=log_level, failures=failures
+        )
+        pool = PolyActorPool(settings, processes, spec, failures, env_options, restart)
         try:
             pool.listen()
             yield PolyTrainer(settings, pool)
