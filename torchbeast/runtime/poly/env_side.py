@@ -34,7 +34,7 @@ from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
 from torchbeast.runtime.processes import guarded_main
-from torchbeast.runtime.supervision import join_or_kill
+from torchbeast.runtime.supervision import RestartBudget, join_or_kill
 
 log = logging.getLogger("torchbeast")
 
@@ -344,17 +344,19 @@ def stop_processes(processes: list[mp.process.BaseProcess], timeout_s: float = 5
 
 
 def run_processes(settings: PolyEnvSettings) -> int:
-    """polybeast_env: runs the processes until a signal, or until one of them fails."""
+    """polybeast_env: runs the processes until a signal, or until one of them fails; one
+    a signal kills (the OOM killer) is replaced within the budget of a dead actor's."""
+    logging.basicConfig(format="[%(levelname)s:%(process)d %(asctime)s] %(message)s")
     processes = start_processes(settings)
     reward = envs.reward_description(settings.env)
     if reward is not None:
-        logging.basicConfig(format="[%(levelname)s:%(process)d %(asctime)s] %(message)s")
         log.warning(
             "Reward: %s. Give the learner the same reward flags, or no --env: told --env "
             "without them, it refuses environments whose per-episode figures differ.",
             reward,
         )
     stop = _stop_on_signals()
+    restarts = RestartBudget(len(processes))
     try:
         while not stop.is_set() and any(p.is_alive() for p in processes):
             stop.wait(0.2)
@@ -362,8 +364,15 @@ def run_processes(settings: PolyEnvSettings) -> int:
                 if stop.is_set():  # a signal to the whole group: they stop with it
                     break
                 if process.exitcode is not None and process.exitcode < 0:
-                    raise EnvProcessKilled(killed_line(index, process))
-                if process.exitcode not in (None, 0):
+                    if not restarts.record_death():
+                        raise EnvProcessKilled(
+                            f"env processes keep dying: {restarts.deaths_text()} (last: "
+                            f"{killed_text(index, process)}); check memory (e.g. fewer "
+                            "--num_servers)"
+                        )
+                    log.warning("%s; starting a new one.", killed_text(index, process))
+                    processes[index] = start_process(settings, index)
+                elif process.exitcode not in (None, 0):
                     return 1  # its own error line is above
     finally:
         stop_processes(processes)
@@ -371,13 +380,11 @@ def run_processes(settings: PolyEnvSettings) -> int:
 
 
 class EnvProcessKilled(UserError, RuntimeError):
-    """An env process ended by a signal (the OOM killer, a user's kill): no line of its own."""
+    """Env processes that signals (the OOM killer, a user's kill) keep ending."""
 
 
-def killed_line(index: int, process: mp.process.BaseProcess) -> str:
+def killed_text(index: int, process: mp.process.BaseProcess) -> str:
+    """ "Env process 0 (pid 123) was killed by SIGKILL (out of memory?)"."""
     name = signal.Signals(-process.exitcode).name
     why = " (out of memory?)" if name == "SIGKILL" else ""
-    return (
-        f"env process {index} (pid {process.pid}) was killed by {name}{why}; the others were "
-        "stopped: run the same command to start them again"
-    )
+    return f"Env process {index} (pid {process.pid}) was killed by {name}{why}"

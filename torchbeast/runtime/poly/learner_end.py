@@ -37,7 +37,7 @@ from torchbeast.config.settings import Settings
 from torchbeast.core.learner import NonFiniteLossError
 from torchbeast.core.rollout import rollout_bytes
 from torchbeast.core.spec import EnvSpec
-from torchbeast.runtime.poly import codec, network
+from torchbeast.runtime.poly import codec, env_side, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly.dialling import dial
 from torchbeast.runtime.poly.episodes_log import EpisodeLog
@@ -357,22 +357,16 @@ class PolyActorPool(Pool):
         for index, process in enumerate(self.env_processes):
             if process.exitcode is None or process.exitcode >= 0 or self.stopping.is_set():
                 continue
-            name = signal.Signals(-process.exitcode).name
             if self.restart_env_process is None:
                 return  # not this command's to start
+            killed = env_side.killed_text(index, process)
             if not self.env_restarts.record_death():
                 self.fail(
                     f"env processes keep dying: {self.env_restarts.deaths_text()} (last: "
-                    f"process {index}, killed by {name}); check memory (e.g. fewer "
-                    "--num_actors or --num_servers)"
+                    f"{killed}); check memory (e.g. fewer --num_actors or --num_servers)"
                 )
                 return
-            log.warning(
-                "Env process %d (pid %d) was killed by %s; starting a new one.",
-                index,
-                process.pid,
-                name,
-            )
+            log.warning("%s; starting a new one.", killed)
             self.env_processes[index] = self.restart_env_process(index)
 
     def _watch_connections(self) -> None:
