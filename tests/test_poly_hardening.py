@@ -278,7 +278,8 @@ def test_idle_streams_are_closed_and_free_their_slot(tmp_path, processes, socket
     # The client sees its stream cancelled a moment before the learner's thread logs why.
     for reason in ("sent no Hello within 10 s", "sent no Step for 2 s"):
         wait_for(lambda reason=reason: reason in text(log), 10, f"the learner to log {reason!r}")
-    # The client that waited for a slot got one and trains.
+    # The client that waited for a slot was told why, and got one, and trains.
+    assert "unavailable (RESOURCE_EXHAUSTED: " in text(tmp_path / "client.log")
     steps = len(logged_steps(tmp_path / "r"))
     wait_for(lambda: len(logged_steps(tmp_path / "r")) > steps + 5, 60, "training to go on")
     assert learner.poll() is None

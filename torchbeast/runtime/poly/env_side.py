@@ -234,8 +234,12 @@ def run_client(
                 stop.set()
                 break
             if backoff == 0.1:
+                details = error.details()  # e.g. its --max_clients reached
                 log.info(
-                    "Learner at %s unavailable (%s); retrying.", settings.connect, error.code().name
+                    "Learner at %s unavailable (%s%s); retrying.",
+                    settings.connect,
+                    error.code().name,
+                    f": {shown(details, quote=False)}" if details else "",
                 )
             stop.wait(backoff)
             backoff = min(2 * backoff, MAX_BACKOFF_S)
