@@ -60,7 +60,9 @@ def test_settings_pickle_as_they_go_to_actor_processes():
 
 
 def test_polybeast_env_processes_get_what_polybeast_env_parses_from_the_same_command():
-    learner = poly_settings("--env", "CartPole-v1", "--seed", "4", "--envs_per_actor", "3")
+    learner = poly_settings(
+        "--env", "CartPole-v1", "--seed", "4", "--envs_per_actor", "3", "--num_actors", "4"
+    )
     env_side = env_side_of(learner)
     parsed = poly_env_settings(
         make_env_parser().parse_args(
@@ -69,6 +71,17 @@ def test_polybeast_env_processes_get_what_polybeast_env_parses_from_the_same_com
     )
     assert env_side == parsed
     assert pickle.loads(pickle.dumps(env_side)) == env_side
+
+
+@pytest.mark.parametrize(
+    "argv, servers",
+    [(["--num_actors", "2"], 2), (["--num_actors", "9"], 4), (["--num_servers", "1"], 1)],
+)
+def test_classic_polybeast_starts_no_more_env_servers_than_it_dials(argv, servers):
+    # 2 streams on the 2-core layout kept 4 server processes, two of them idle.
+    assert env_side_of(poly_settings(*argv)).network.num_servers == servers
+    given = poly_settings("--num_actors", "2", "--env_servers", "127.0.0.1:1,127.0.0.1:2,[::1]:3")
+    assert len(env_side_of(given).network.server_addresses()) == 3  # as given
 
 
 @pytest.mark.parametrize(

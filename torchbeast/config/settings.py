@@ -248,7 +248,8 @@ def model_settings(flags: argparse.Namespace) -> ModelSettings:
 
 def env_side_of(settings: Settings) -> PolyEnvSettings:
     """The env processes ``polybeast`` starts for its learner: the same env, addresses,
-    TLS and token; with --serve, clients enough for --num_actors streams."""
+    TLS and token; with --serve, clients enough for --num_actors streams; without, no more
+    servers than the learner dials (--num_actors streams, round robin)."""
     poly, actors = settings.runtime, settings.actors
     network, per_process = poly.network, 1
     if poly.serve:  # exactly --num_actors streams: at most --num_servers processes, alike
@@ -259,6 +260,8 @@ def env_side_of(settings: Settings) -> PolyEnvSettings:
         )
         network = replace(network, num_servers=processes)
         per_process = actors.num_actors // processes
+    elif network.env_servers is None:  # the learner dials one stream a server, round robin
+        network = replace(network, num_servers=min(network.num_servers, actors.num_actors))
     return PolyEnvSettings(
         env=settings.env,
         network=network,

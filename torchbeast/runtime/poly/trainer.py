@@ -40,9 +40,9 @@ class PolyTrainer(Trainer):
 
     def actor_layout(self) -> str:
         actors, poly = self.settings.actors, self.settings.runtime
-        peers = (
-            "env clients dialling in" if poly.serve else f"{poly.network.num_servers} env servers"
-        )
+        # Classic: the learner dials its streams over the servers, round robin.
+        servers = min(len(poly.network.server_addresses()), actors.num_actors)
+        peers = "env clients dialling in" if poly.serve else f"{servers} env servers"
         return f"{actors.num_actors} streams x {actors.envs_per_actor} envs from {peers}"
 
     def create_pool(self) -> PolyActorPool:
