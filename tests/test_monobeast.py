@@ -415,7 +415,8 @@ def test_rollouts_of_too_many_envs_for_this_machine_name_the_envs_not_the_batch(
     )  # fmt: skip
     assert_one_error_line(
         result,
-        "(--num_buffers: 2 x --num_actors 8 x --envs_per_actor 10000000) need about",
+        "(--num_buffers, derived from --num_actors 8, --envs_per_actor 10000000 and "
+        "--batch_size 16) need about",
         "envs in all (--num_actors x --envs_per_actor)",
     )
 

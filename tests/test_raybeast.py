@@ -228,7 +228,7 @@ def test_a_ray_client_url_is_refused_with_the_address_to_give(tmp_path):
     # Ray Client's ray://, or the dashboard's http:// that `ray job submit` takes.
     for url in ("ray://127.0.0.1:10001", "http://127.0.0.1:8265"):
         result = raybeast(tmp_path, *SMALL_RUN, "--ray_address", url, timeout=60)
-        assert_one_error_line(result, f"--ray_address {url} is a URL: RayBeast runs on a node")
+        assert_one_error_line(result, f"--ray_address {url} is a URL: torchbeast joins a cluster")
         assert GIVE_THE_GCS in result.stderr
 
 

@@ -176,9 +176,9 @@ def check_addresses(parser: argparse.ArgumentParser, named: dict[str, list[str]]
             )
         for address in addresses:
             problem = address_problem(address)
-            if problem and flag_name == "--pipes_basename":  # a TCP address there gets ".0"
-                parser.error(
-                    f"--pipes_basename {address.removesuffix('.0')!r} is no unix:PATH: each "
+            if problem and flag_name == "--pipes_basename" and not address.startswith("unix:"):
+                parser.error(  # a TCP address there gets ".N"
+                    f"--pipes_basename {address.rpartition('.')[0]!r} is no unix:PATH: each "
                     "env server adds .N to it; give host:port addresses with --env_servers"
                 )
             if problem:
@@ -197,7 +197,8 @@ def addresses_of(flags: argparse.Namespace) -> dict[str, list[str]]:
     if flags.env_servers is not None:
         named["--env_servers"] = [a.strip() for a in flags.env_servers.split(",") if a.strip()]
     else:
-        named["--pipes_basename"] = [f"{flags.pipes_basename}.0"]
+        last = max(getattr(flags, "num_servers", 1), 1) - 1  # the longest socket path
+        named["--pipes_basename"] = [f"{flags.pipes_basename}.{last}"]
     return named
 
 

@@ -19,6 +19,14 @@ STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 STOP_TIMEOUT_S = 5.0
 
 
+def signal_name(number: int) -> str:
+    """SIGKILL for 9; "signal 40" for one without a name (a real-time signal)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def last_line(error: BaseException | str) -> str:
     """The last line of an error or traceback: what a one-line report shows."""
     lines = str(error).strip().splitlines()

@@ -587,11 +587,17 @@ def check_rollouts_fit(settings: Settings, env_spec: EnvSpec) -> None:
     if buffers is None:
         why = f"two batches of --batch_size {batch_size}"
     elif derived:
-        why = f"--num_buffers: 2 x --num_actors {actors} x --envs_per_actor {envs_per_actor}"
+        why = (
+            f"--num_buffers, derived from --num_actors {actors}, --envs_per_actor "
+            f"{envs_per_actor} and --batch_size {batch_size}"
+        )
     else:
         why = f"--num_buffers {buffers}"
-    if fits < 2 * batch_size:  # not even the batches: the rollouts are too long
-        fix = f"a shorter --unroll_length, or --batch_size {fits // 2} or less"
+    if fits < 2:  # not a batch of one: the rollouts are too long
+        fix = "a shorter --unroll_length"
+    elif fits < 2 * batch_size:  # not even the batches
+        also = "" if buffers is None or derived else " and --num_buffers"
+        fix = f"a shorter --unroll_length, or --batch_size {fits // 2}{also} or less"
     elif buffers is None:
         fix = f"--batch_size {fits // 2} or less, or a shorter --unroll_length"
     elif derived:

@@ -34,7 +34,7 @@ from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
 from torchbeast.runtime.processes import guarded_main
-from torchbeast.runtime.supervision import RestartBudget, join_or_kill
+from torchbeast.runtime.supervision import RestartBudget, join_or_kill, signal_name
 
 log = logging.getLogger("torchbeast")
 
@@ -389,6 +389,6 @@ class EnvProcessKilled(UserError, RuntimeError):
 
 def killed_text(index: int, process: mp.process.BaseProcess) -> str:
     """ "Env process 0 (pid 123) was killed by SIGKILL (out of memory?)"."""
-    name = signal.Signals(-process.exitcode).name
+    name = signal_name(-process.exitcode)
     why = " (out of memory?)" if name == "SIGKILL" else ""
     return f"Env process {index} (pid {process.pid}) was killed by {name}{why}"

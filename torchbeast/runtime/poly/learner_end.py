@@ -24,7 +24,6 @@ import collections
 import logging
 import multiprocessing as mp
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -54,7 +53,7 @@ from torchbeast.runtime.poly.stream_rollouts import Rollout, StreamRollouts
 from torchbeast.runtime.pool import Pool
 from torchbeast.runtime.processes import process_cpu_seconds
 from torchbeast.runtime.queues import Batch, Closed, RolloutQueue, stack_rollouts
-from torchbeast.runtime.supervision import RestartBudget
+from torchbeast.runtime.supervision import RestartBudget, signal_name
 from torchbeast.runtime.training import TrainingError
 
 log = logging.getLogger("torchbeast")
@@ -95,6 +94,7 @@ class PolyActorPool(Pool):
         self.owns_envs = bool(self.env_processes)
         self.env_failures = env_failures
         self.restart_env_process = restart_env_process
+        self.env_watcher: threading.Thread | None = None
         self.env_restarts = RestartBudget(len(self.env_processes))
         self.run_spec = RunSpec(spec, env_options)
         self.model_ready = threading.Event()
@@ -141,7 +141,8 @@ class PolyActorPool(Pool):
             self._stream_size_text(),
         )
         if self.env_processes:
-            threading.Thread(target=self._watch_env_processes, daemon=True).start()
+            self.env_watcher = threading.Thread(target=self._watch_env_processes, daemon=True)
+            self.env_watcher.start()
         self.watch.start()
         if poly.serve:
             self.server, self.port = network.create_server(
@@ -158,7 +159,7 @@ class PolyActorPool(Pool):
                 poly.stream_timeout_s,
             )
         else:
-            addresses = poly.network.server_addresses()
+            addresses = self._dialled()
             metadata = network.call_metadata(poly.network)
             for index in range(self.num_actors):
                 address = addresses[index % len(addresses)]
@@ -206,6 +207,8 @@ class PolyActorPool(Pool):
 
     def stop(self) -> None:
         self.stopping.set()
+        if self.env_watcher is not None:  # no replacement env process after this
+            self.env_watcher.join(timeout=10.0)
         self.queue.close()
         if self.inference is not None:
             self.inference.close()
@@ -318,8 +321,12 @@ class PolyActorPool(Pool):
                     del self.connected[client_id]
                 self.last_connected = time.monotonic()
 
+    def _dialled(self) -> list[str]:
+        """The env servers' addresses the streams are dialled over, round robin."""
+        return self.poly.network.server_addresses()[: self.num_actors]
+
     def _where(self) -> str:
-        return self.poly.serve or ", ".join(self.poly.network.server_addresses())
+        return self.poly.serve or ", ".join(self._dialled())
 
     def _stream_size_text(self) -> str:
         if self.spec is None:
@@ -338,7 +345,7 @@ class PolyActorPool(Pool):
                     self.fail(
                         f"every env process this command started has exited: {failures.get()}"
                     )
-                elif signals := sorted({signal.Signals(-code).name for code in codes if code < 0}):
+                elif signals := sorted({signal_name(-code) for code in codes if code < 0}):
                     memory = " (out of memory?)" if "SIGKILL" in signals else ""
                     self.fail(
                         f"every env process this command started has exited, killed by "

@@ -18,8 +18,8 @@ GIVE_THE_GCS = (
     "or auto on a node of the cluster"
 )
 NOT_A_URL = (
-    "RayBeast runs on a node of the cluster, not through Ray Client (its learner reads "
-    f"every rollout from the object store): {GIVE_THE_GCS}"
+    "torchbeast joins a cluster from one of its nodes, not through Ray Client (its learner, "
+    f"or a study, reads what the workers return from the object store): {GIVE_THE_GCS}"
 )
 
 
