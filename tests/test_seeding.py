@@ -39,6 +39,7 @@ def test_other_runs_seeds_start_elsewhere():
 
 
 CLIENT_SEEDS = """
+import sys
 import threading
 from torchbeast.runtime.poly import env_side
 from torchbeast.config.poly import poly_env_settings
@@ -58,16 +59,18 @@ def session(settings, stub, client_id, seed, stop):  # stands in for the learner
 env_side.connect_once = session
 for process in range(2):
     for client in range(2):
-        env_side.run_client(settings, process, client, threading.Event(), [])
+        env_side.run_client(settings, process, client, threading.Event(), [], int(sys.argv[1]))
 print(seeds)
 """
 
 
-def inverted_client_seeds() -> list[int]:
-    """The seeds of 2 processes x 2 clients, each connecting twice, in that order."""
+def inverted_client_seeds(incarnation: int = 0) -> list[int]:
+    """The seeds of 2 processes x 2 clients, each connecting twice, in that order
+    (``incarnation``: as processes that replaced killed ones)."""
     result = subprocess.run(
-        [sys.executable, "-c", CLIENT_SEEDS], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
+        [sys.executable, "-c", CLIENT_SEEDS, str(incarnation)],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return [int(seed) for seed in result.stdout.strip()[1:-1].split(",")]
 
@@ -86,3 +89,12 @@ def test_inverted_clients_of_all_processes_and_redials_seed_disjoint_envs():
         assert not seeds & seen
         seen |= seeds
     assert len(seen) == 2 * 2 * 2 * 3
+
+
+def test_env_processes_that_replace_killed_ones_seed_envs_their_predecessors_did_not():
+    # A replacement numbered its sessions from 0 again: its envs replayed the first ones'.
+    seen = {seed for seed in inverted_client_seeds(0)}
+    replaced = inverted_client_seeds(1)
+    assert len(replaced) == len(seen) and not {
+        env for seed in replaced for env in env_seeds(seed, 3)
+    } & {env for seed in seen for env in env_seeds(seed, 3)}

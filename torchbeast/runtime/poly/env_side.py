@@ -111,15 +111,23 @@ def env_session(
 # --------------------------------------------------------------------------- classic
 
 
+# Streams (a server's) or sessions (a client's) each incarnation of an env process numbers
+# its seeds from: far beyond what one runs.
+STREAMS_PER_INCARNATION = 1_000_000
+
+
 class EnvServicer(pb_grpc.EnvServerServicer):
     """Serves a fresh environment on every stream the learner opens."""
 
-    def __init__(self, settings: PolyEnvSettings, address: str, server_index: int):
+    def __init__(
+        self, settings: PolyEnvSettings, address: str, server_index: int, incarnation: int = 0
+    ):
         self.settings = settings
         self.address = address
         self.server_index = server_index
         self.num_servers = len(settings.network.server_addresses())
-        self.counter = itertools.count()
+        # A replacement's streams take seeds its predecessors' did not.
+        self.counter = itertools.count(incarnation * STREAMS_PER_INCARNATION)
         self.failures_said: set[str] = set()  # each environment error's traceback once
 
     def StreamEnv(self, request_iterator, context):  # noqa: N802 (gRPC's name)
@@ -145,11 +153,14 @@ class EnvServicer(pb_grpc.EnvServerServicer):
             )
 
 
-def serve(settings: PolyEnvSettings, address: str, server_index: int, ready=None) -> None:
-    """Runs one env server on ``address`` until SIGINT or SIGTERM."""
+def serve(
+    settings: PolyEnvSettings, address: str, server_index: int, ready=None, incarnation: int = 0
+) -> None:
+    """Runs one env server on ``address`` until SIGINT or SIGTERM; ``incarnation``: how
+    many processes of this index were killed and replaced before it."""
     stop = _stop_on_signals()
     server, _ = network.create_server(settings.network, address, settings.max_streams)
-    servicer = EnvServicer(settings, address, server_index)
+    servicer = EnvServicer(settings, address, server_index, incarnation)
     pb_grpc.add_EnvServerServicer_to_server(servicer, server)
     server.start()
     log.info("Env server %d serving %s on %s.", server_index, settings.env.env, address)
@@ -194,6 +205,7 @@ def run_client(
     client_index: int,
     stop: threading.Event,
     failures: list[str],
+    incarnation: int = 0,
 ) -> None:
     """Dials the learner and keeps an environment connected to it until ``stop``.
 
@@ -207,7 +219,7 @@ def run_client(
         return
     stub = pb_grpc.LearnerStub(channel)
     backoff = 0.1
-    for session in itertools.count():
+    for session in itertools.count(incarnation * STREAMS_PER_INCARNATION):
         if stop.is_set():
             break
         client_id = f"{socket.gethostname()}:{os.getpid()}:{client_index}#{session}"
@@ -246,14 +258,18 @@ def run_client(
     channel.close()
 
 
-def run_clients(settings: PolyEnvSettings, process_index: int = 0) -> str | None:
+def run_clients(
+    settings: PolyEnvSettings, process_index: int = 0, incarnation: int = 0
+) -> str | None:
     """``clients_per_process`` env clients in this process, each on its own thread, until
     a signal; the first one's failure, if one failed (which stops the others)."""
     stop = _stop_on_signals()
     failures: list[str] = []
     threads = [
         threading.Thread(
-            target=run_client, args=(settings, process_index, i, stop, failures), daemon=True
+            target=run_client,
+            args=(settings, process_index, i, stop, failures, incarnation),
+            daemon=True,
         )
         for i in range(settings.clients_per_process)
     ]
@@ -280,6 +296,7 @@ def process_main(
     index: int,
     log_level: int = logging.INFO,
     failures: SimpleQueue | None = None,
+    incarnation: int = 0,
 ) -> None:
     """One env process: started by :func:`start_processes`, through ``guarded_main``.
     Its error line goes to stderr, and to ``failures`` where the command that started it
@@ -293,9 +310,10 @@ def process_main(
     )
     try:
         if settings.connect:
-            failure = run_clients(settings, index)
+            failure = run_clients(settings, index, incarnation)
         else:
-            serve(settings, settings.network.server_addresses()[index], index)
+            address = settings.network.server_addresses()[index]
+            serve(settings, address, index, incarnation=incarnation)
             failure = None
     except network.NetworkError as error:
         failure = str(error)
@@ -326,12 +344,14 @@ def start_process(
     index: int,
     log_level: int = logging.INFO,
     failures: SimpleQueue | None = None,
+    incarnation: int = 0,
 ) -> mp.process.BaseProcess:
-    """Starts env process ``index`` of :func:`start_processes` (or its replacement)."""
+    """Starts env process ``index`` of :func:`start_processes`, or (``incarnation`` > 0)
+    its replacement."""
     entry = f"{__name__}:process_main"  # imported by the child once it dies with this one
     process = mp.get_context("spawn").Process(
         target=guarded_main,
-        args=(os.getpid(), entry, settings, index, log_level, failures),
+        args=(os.getpid(), entry, settings, index, log_level, failures, incarnation),
         name=f"env-{index}",
         daemon=True,
     )
@@ -361,6 +381,7 @@ def run_processes(settings: PolyEnvSettings) -> int:
         )
     stop = _stop_on_signals()
     restarts = RestartBudget(len(processes))
+    incarnations = [0] * len(processes)
     try:
         while not stop.is_set() and any(p.is_alive() for p in processes):
             stop.wait(0.2)
@@ -375,7 +396,10 @@ def run_processes(settings: PolyEnvSettings) -> int:
                             "--num_servers)"
                         )
                     log.warning("%s; starting a new one.", killed_text(index, process))
-                    processes[index] = start_process(settings, index)
+                    incarnations[index] += 1
+                    processes[index] = start_process(
+                        settings, index, incarnation=incarnations[index]
+                    )
                 elif process.exitcode not in (None, 0):
                     return 1  # its own error line is above
     finally:

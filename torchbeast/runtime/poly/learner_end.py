@@ -74,11 +74,11 @@ class PolyActorPool(Pool):
         spec: EnvSpec | None = None,
         env_failures: SimpleQueue | None = None,
         env_options: dict[str, object] | None = None,
-        restart_env_process: Callable[[int], mp.process.BaseProcess] | None = None,
+        restart_env_process: Callable[..., mp.process.BaseProcess] | None = None,
     ):
         """``env_processes``: the env processes this command started, watched for exits;
-        ``restart_env_process``: starts a replacement for the one of that index killed by
-        a signal (within the budget of a dead actor's);
+        ``restart_env_process(index, incarnation=n)``: starts a replacement for the one of
+        that index killed by a signal (within the budget of a dead actor's);
         ``env_failures``: where their error lines come (``env_side.process_main``);
         ``env_options``: the env family flags the run's environments were made with, if
         known (a resumed run's), as ``spec``.
@@ -95,6 +95,7 @@ class PolyActorPool(Pool):
         self.env_failures = env_failures
         self.restart_env_process = restart_env_process
         self.env_watcher: threading.Thread | None = None
+        self.env_incarnations = [0] * len(self.env_processes)
         self.env_restarts = RestartBudget(len(self.env_processes))
         self.run_spec = RunSpec(spec, env_options)
         self.model_ready = threading.Event()
@@ -374,7 +375,10 @@ class PolyActorPool(Pool):
                 )
                 return
             log.warning("%s; starting a new one.", killed)
-            self.env_processes[index] = self.restart_env_process(index)
+            self.env_incarnations[index] += 1
+            self.env_processes[index] = self.restart_env_process(
+                index, incarnation=self.env_incarnations[index]
+            )
 
     def _watch_connections(self) -> None:
         """Says once when no environment is left, instead of waiting silently."""
