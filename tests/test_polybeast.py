@@ -523,6 +523,17 @@ def test_tls_files_that_are_missing_or_not_pem_are_one_line_at_either_end(tmp_pa
         assert len(lines) == 1 and fragment in lines[0], result.stderr
 
 
+def assert_each_says(commands: list[list[str]], line: str) -> None:
+    """Each ``python -m`` command fails with exit code 1 and ``line`` alone on stderr."""
+    for command in commands:
+        result = subprocess.run(
+            [sys.executable, "-m", *command],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.strip().splitlines() == [line], command
+
+
 def test_a_port_in_use_is_one_line_at_each_entry_point(tmp_path):
     # gRPC logged its own bind failure beside ours, and polybeast added a line about its
     # env processes' exit: three lines for one mistake.
@@ -535,16 +546,11 @@ def test_a_port_in_use_is_one_line_at_each_entry_point(tmp_path):
             ["torchbeast.polybeast_learner", *learner, "--serve", address],
             ["torchbeast.polybeast_env", *ENV, "--env_servers", address],
         ]
-        for command in commands:
-            result = subprocess.run(
-                [sys.executable, "-m", *command],
-                cwd=REPO, capture_output=True, text=True, timeout=60,
-            )  # fmt: skip
-            assert result.returncode == 1, result.stderr
-            assert result.stderr.strip().splitlines() == [
-                f"error: cannot listen on {address}: the port is in use (another run or "
-                "server?): stop what holds it, or give another port"
-            ], command
+        assert_each_says(
+            commands,
+            f"error: cannot listen on {address}: the port is in use (another run or server?): "
+            "stop what holds it, or give another port",
+        )
 
 
 def test_a_unix_socket_another_process_serves_is_one_line_at_each_entry_point(tmp_path, sockets):
@@ -561,16 +567,11 @@ def test_a_unix_socket_another_process_serves_is_one_line_at_each_entry_point(tm
             ["torchbeast.polybeast_learner", *learner, "--serve", f"unix:{path}"],
             ["torchbeast.polybeast_env", *ENV, "--env_servers", f"unix:{path}"],
         ]
-        for command in commands:
-            result = subprocess.run(
-                [sys.executable, "-m", *command],
-                cwd=REPO, capture_output=True, text=True, timeout=60,
-            )  # fmt: skip
-            assert result.returncode == 1, result.stderr
-            assert result.stderr.strip().splitlines() == [
-                f"error: cannot listen on unix:{path}: another process serves it (another run "
-                "or env server?): stop it, or give another socket path"
-            ], command
+        assert_each_says(
+            commands,
+            f"error: cannot listen on unix:{path}: another process serves it (another run or "
+            "env server?): stop it, or give another socket path",
+        )
         assert os.stat(path).st_ino == inode  # still its socket
 
 

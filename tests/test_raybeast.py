@@ -251,6 +251,18 @@ def test_the_dashboards_port_is_refused_in_seconds(tmp_path, http_server):
     assert time.monotonic() - started < 15
 
 
+@contextlib.contextmanager
+def grpc_server_without_methods(host: str) -> Iterator[str]:
+    """A real gRPC server on ``host`` that serves no method; yields its host:port."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port(f"{host}:0")
+    server.start()
+    try:
+        yield f"{host}:{port}"
+    finally:
+        server.stop(None)
+
+
 def test_an_ipv6_ray_address_is_written_in_brackets_as_ray_writes_it(monkeypatch):
     from torchbeast.runtime.ray import prepare
     from torchbeast.runtime.training import TrainingError
@@ -260,14 +272,9 @@ def test_an_ipv6_ray_address_is_written_in_brackets_as_ray_writes_it(monkeypatch
         prepare.prepare_ray_environment("::1:6379")
     # Reached over IPv6, and asked over gRPC, at the address as given: a real gRPC server
     # that is not Ray's GCS is refused as one.
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
-    port = server.add_insecure_port("[::1]:0")
-    server.start()
-    try:
+    with grpc_server_without_methods("[::1]") as address:
         with pytest.raises(TrainingError, match="is a Ray server but not the cluster's GCS"):
-            prepare.check_reachable(f"[::1]:{port}", "it")
-    finally:
-        server.stop(None)
+            prepare.check_reachable(address, "it")
 
 
 def test_an_address_that_auto_found_is_named_with_where_it_was_found(monkeypatch):
@@ -289,14 +296,9 @@ def test_a_grpc_server_that_is_not_rays_gcs_is_refused(monkeypatch):
     from torchbeast.runtime.ray import prepare
     from torchbeast.runtime.training import TrainingError
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
+    with grpc_server_without_methods("127.0.0.1") as address:
         with pytest.raises(TrainingError, match="is a Ray server but not the cluster's GCS"):
-            prepare.check_reachable(f"127.0.0.1:{port}", "it")
-    finally:
-        server.stop(None)
+            prepare.check_reachable(address, "it")
 
 
 def test_test_mode_plays_the_trained_model(tmp_path, ray_cluster):

@@ -11,6 +11,7 @@ This side never imports torch: env machines need only the environments and gRPC.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import multiprocessing as mp
@@ -21,7 +22,7 @@ import socket
 import sys
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.queues import SimpleQueue
 
 import grpc
@@ -380,28 +381,16 @@ def run_processes(settings: PolyEnvSettings) -> int:
             reward,
         )
     stop = _stop_on_signals()
-    restarts = RestartBudget(len(processes))
-    incarnations = [0] * len(processes)
+    replacements = Replacements(processes, functools.partial(start_process, settings))
     try:
         while not stop.is_set() and any(p.is_alive() for p in processes):
             stop.wait(0.2)
-            for index, process in enumerate(processes):
-                if stop.is_set():  # a signal to the whole group: they stop with it
-                    break
-                if process.exitcode is not None and process.exitcode < 0:
-                    if not restarts.record_death():
-                        raise EnvProcessKilled(
-                            f"env processes keep dying: {restarts.deaths_text()} (last: "
-                            f"{killed_text(index, process)}); check memory (e.g. fewer "
-                            "--num_servers)"
-                        )
-                    log.warning("%s; starting a new one.", killed_text(index, process))
-                    incarnations[index] += 1
-                    processes[index] = start_process(
-                        settings, index, incarnation=incarnations[index]
-                    )
-                elif process.exitcode not in (None, 0):
-                    return 1  # its own error line is above
+            if failure := replacements.replace_killed(stop):
+                raise EnvProcessKilled(failure)
+            if stop.is_set():  # a signal to the whole group: they stop with it
+                break
+            if any(process.exitcode not in (None, 0) for process in processes):
+                return 1  # its own error line is above (killed ones were replaced)
     finally:
         stop_processes(processes)
     return 0
@@ -409,6 +398,39 @@ def run_processes(settings: PolyEnvSettings) -> int:
 
 class EnvProcessKilled(UserError, RuntimeError):
     """Env processes that signals (the OOM killer, a user's kill) keep ending."""
+
+
+class Replacements:
+    """Replaces the env processes a signal kills (the OOM killer), as a dead actor is, within
+    the same budget; one that exits with its own error is not replaced. ``processes`` is
+    changed in place, so that whoever stops them stops the replacements."""
+
+    def __init__(self, processes: list, start: Callable[..., mp.process.BaseProcess]):
+        """``start(index, incarnation=n)`` starts process ``index``'s n-th replacement."""
+        self.processes = processes
+        self.start = start
+        self.budget = RestartBudget(len(processes))
+        self.incarnations = [0] * len(processes)
+
+    def replace_killed(self, stopping: threading.Event) -> str | None:
+        """Starts a new process in place of each one a signal killed; the line that stops
+        the run once they keep dying, else None. None replaced once ``stopping`` is set: a
+        signal to the whole process group stops them with it."""
+        for index, process in enumerate(self.processes):
+            if stopping.is_set():
+                return None
+            if process.exitcode is None or process.exitcode >= 0:
+                continue
+            killed = killed_text(index, process)
+            if not self.budget.record_death():
+                return (
+                    f"env processes keep dying: {self.budget.deaths_text()} (last: {killed}); "
+                    "check memory (e.g. fewer --num_servers)"
+                )
+            log.warning("%s; starting a new one.", killed)
+            self.incarnations[index] += 1
+            self.processes[index] = self.start(index, incarnation=self.incarnations[index])
+        return None
 
 
 def killed_text(index: int, process: mp.process.BaseProcess) -> str:

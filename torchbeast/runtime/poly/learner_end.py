@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import multiprocessing as mp
 import os
 import threading
 import time
@@ -53,7 +52,6 @@ from torchbeast.runtime.poly.stream_rollouts import Rollout, StreamRollouts
 from torchbeast.runtime.pool import Pool
 from torchbeast.runtime.processes import process_cpu_seconds
 from torchbeast.runtime.queues import Batch, Closed, RolloutQueue, stack_rollouts
-from torchbeast.runtime.supervision import RestartBudget, signal_name
 from torchbeast.runtime.training import TrainingError
 
 log = logging.getLogger("torchbeast")
@@ -74,11 +72,10 @@ class PolyActorPool(Pool):
         spec: EnvSpec | None = None,
         env_failures: SimpleQueue | None = None,
         env_options: dict[str, object] | None = None,
-        restart_env_process: Callable[..., mp.process.BaseProcess] | None = None,
+        replacements: env_side.Replacements | None = None,
     ):
         """``env_processes``: the env processes this command started, watched for exits;
-        ``restart_env_process(index, incarnation=n)``: starts a replacement for the one of
-        that index killed by a signal (within the budget of a dead actor's);
+        ``replacements``: replaces those of them a signal kills;
         ``env_failures``: where their error lines come (``env_side.process_main``);
         ``env_options``: the env family flags the run's environments were made with, if
         known (a resumed run's), as ``spec``.
@@ -93,10 +90,8 @@ class PolyActorPool(Pool):
         self.env_processes = env_processes or []
         self.owns_envs = bool(self.env_processes)
         self.env_failures = env_failures
-        self.restart_env_process = restart_env_process
+        self.replacements = replacements
         self.env_watcher: threading.Thread | None = None
-        self.env_incarnations = [0] * len(self.env_processes)
-        self.env_restarts = RestartBudget(len(self.env_processes))
         self.run_spec = RunSpec(spec, env_options)
         self.model_ready = threading.Event()
         super().__init__()
@@ -338,7 +333,9 @@ class PolyActorPool(Pool):
     def _watch_env_processes(self) -> None:
         """Stops the run with one line once every env process this command started died."""
         while not self.stopping.wait(1.0):
-            self._replace_killed_env_processes()
+            if self.replacements and (failure := self.replacements.replace_killed(self.stopping)):
+                self.fail(failure)
+                return
             codes = [process.exitcode for process in self.env_processes]
             if all(code is not None for code in codes):
                 failures = self.env_failures
@@ -346,39 +343,11 @@ class PolyActorPool(Pool):
                     self.fail(
                         f"every env process this command started has exited: {failures.get()}"
                     )
-                elif signals := sorted({signal_name(-code) for code in codes if code < 0}):
-                    memory = " (out of memory?)" if "SIGKILL" in signals else ""
-                    self.fail(
-                        f"every env process this command started has exited, killed by "
-                        f"{' or '.join(signals)}{memory} (exit codes {codes})"
-                    )
                 else:
                     self.fail(
                         f"every env process this command started has exited (exit codes "
                         f"{codes}); their errors are in the output above"
                     )
-
-    def _replace_killed_env_processes(self) -> None:
-        """Starts a new env process in place of each one a signal killed (its streams are
-        dialled again, or it dials again), while the restart budget lasts; one that
-        exited with its own error is not replaced."""
-        for index, process in enumerate(self.env_processes):
-            if process.exitcode is None or process.exitcode >= 0 or self.stopping.is_set():
-                continue
-            if self.restart_env_process is None:
-                return  # not this command's to start
-            killed = env_side.killed_text(index, process)
-            if not self.env_restarts.record_death():
-                self.fail(
-                    f"env processes keep dying: {self.env_restarts.deaths_text()} (last: "
-                    f"{killed}); check memory (e.g. fewer --num_actors or --num_servers)"
-                )
-                return
-            log.warning("%s; starting a new one.", killed)
-            self.env_incarnations[index] += 1
-            self.env_processes[index] = self.restart_env_process(
-                index, incarnation=self.env_incarnations[index]
-            )
 
     def _watch_connections(self) -> None:
         """Says once when no environment is left, instead of waiting silently."""

@@ -107,11 +107,11 @@ def session(settings: Settings, start_envs: bool = True) -> Iterator[PolyTrainer
     try:
         check_run_dir(settings.run)
         spec, env_options = learner_spec(settings)
-        # A process killed by a signal (the OOM killer) is replaced, as a dead actor is.
-        restart = functools.partial(
+        start = functools.partial(
             env_side.start_process, env_settings, log_level=log_level, failures=failures
         )
-        pool = PolyActorPool(settings, processes, spec, failures, env_options, restart)
+        replacements = env_side.Replacements(processes, start) if processes else None
+        pool = PolyActorPool(settings, processes, spec, failures, env_options, replacements)
         try:
             pool.listen()
             yield PolyTrainer(settings, pool)

@@ -20,6 +20,18 @@ from torchbeast.runtime.acting import Unroller, actor_seed
 from torchbeast.runtime.supervision import last_line
 
 
+def start_unroller(settings: Settings, env_spec: EnvSpec, config: dict, seed: int) -> Unroller:
+    """The actor's envs and model; an env module this worker cannot import is said so."""
+    try:
+        return Unroller(settings, env_spec, config, seed)
+    except (EnvImportError, ImportError) as error:  # the driver's import went well
+        raise EnvError(
+            f"a Ray worker on {ray.util.get_node_ip_address()} cannot import what the "
+            f"driver could ({last_line(error)}): every node needs it, installed there or "
+            "on the PYTHONPATH its `ray start` was given"
+        ) from None
+
+
 class RolloutActor:
     """A Ray actor: ``envs_per_actor`` environments and a CPU copy of the model."""
 
@@ -37,28 +49,13 @@ class RolloutActor:
         # error reaches the pool alone, which logs it to out.log and stops in one line.
         self.start_error: Exception | None = None
         try:
-            self._start(settings, env_spec, config, actor_index, incarnation)
+            self.unroller = start_unroller(
+                settings, env_spec, config, actor_seed(settings, actor_index, incarnation)
+            )
         except Exception as error:
             self.start_error = error
-
-    def _start(
-        self,
-        settings: Settings,
-        env_spec: EnvSpec,
-        config: dict,
-        actor_index: int,
-        incarnation: int,
-    ) -> None:
+            return
         num_envs = settings.actors.envs_per_actor
-        seed = actor_seed(settings, actor_index, incarnation)
-        try:
-            self.unroller = Unroller(settings, env_spec, config, seed)
-        except (EnvImportError, ImportError) as error:  # the driver's import went well
-            raise EnvError(
-                f"a Ray worker on {ray.util.get_node_ip_address()} cannot import what the "
-                f"driver could ({last_line(error)}): every node needs it, installed there or "
-                "on the PYTHONPATH its `ray start` was given"
-            ) from None
         self.buffers = rollout.allocate(
             env_spec, settings.learner.unroll_length, num_envs
         )  # [E, T+1, ...]
