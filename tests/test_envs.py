@@ -359,9 +359,31 @@ def test_an_episode_extra_missing_from_the_steps_info_is_one_clear_error():
         env.step(np.zeros(1, np.int64))
 
 
-def test_an_episode_extra_that_would_clash_with_a_rollout_column_is_refused():
-    with pytest.raises(EnvError, match="'step' would clash with the rollout's episode_step"):
-        coins_env_declaring({"step": "coins_this_step"})
+# A rollout column (episode_step), logs.csv's mean_episode_length, eval's own figures: an
+# extra named "length" overwrote mean_episode_length, one named "episode_length" or
+# "return_per_step" was dropped from eval.json.
+@pytest.mark.parametrize(
+    "name", ["step", "return", "length", "episode_length", "proxy_return", "return_per_step"]
+)
+def test_an_episode_extra_that_would_clash_with_a_figure_of_ours_is_refused(name):
+    with pytest.raises(EnvError, match=f"extra '{name}' would clash with a figure of torchbeast"):
+        coins_env_declaring({name: "coins_this_step"})
+
+
+def test_a_discrete_space_that_starts_elsewhere_gets_its_own_actions():
+    class Signed(CoinsEnv):  # actions -1, 0, +1: the agent's 0, 1, 2
+        action_space = gym.spaces.Discrete(3, start=-1)
+
+        def step(self, action):
+            assert self.action_space.contains(action), action  # it was sent 0, 1, 2
+            return super().step(action)
+
+    env = BatchedEnv(gym.vector.SyncVectorEnv([Signed]), "Signed-v0", track_lives=False)
+    env.reset(seed=0)
+    assert env.spec.num_actions == 3
+    for action in (0, 1, 2):
+        step = env.step(np.array([action]))
+        assert step["last_action"][0] == action  # the agent's index, as it chose it
 
 
 # Unknown ids.

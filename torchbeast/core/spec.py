@@ -8,8 +8,12 @@ import numpy as np
 
 from torchbeast.core.errors import shown
 
-# The rollout's own per-episode columns (episode_return, ...): no extra may take their names.
-RESERVED_EXTRA_NAMES = frozenset(("return", "step", "end"))
+# The rollout's own per-episode columns (episode_return, ...), logs.csv's mean_episode_length
+# and eval's own figures (episode_length, proxy_return, each return's *_per_step): no extra
+# may take their names.
+RESERVED_EXTRA_NAMES = frozenset(
+    ("return", "step", "end", "length", "episode_length", "proxy_return")
+)
 MAX_EXTRA_NAME_LENGTH = 64
 # The observation dtypes a rollout stores and an env stream sends; an env's float64
 # observations are accepted and stored as float32.
@@ -63,8 +67,11 @@ def _extras_problem(names: tuple[str, ...]) -> str | None:
                 f"episode extra {shown(name)} is not a name of at most {MAX_EXTRA_NAME_LENGTH} "
                 "ASCII letters, digits and underscores"
             )
-        if name in RESERVED_EXTRA_NAMES:
-            return f"episode extra {shown(name)} would clash with the rollout's episode_{name}"
+        if name in RESERVED_EXTRA_NAMES or name.endswith("_per_step"):
+            return (
+                f"episode extra {shown(name)} would clash with a figure of torchbeast's own "
+                f"(episode_return, episode_length, proxy_return, *_per_step): rename it"
+            )
     if len(set(names)) != len(names):
         return f"episode extras {shown(', '.join(names))} name one figure twice"
     return None

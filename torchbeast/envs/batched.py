@@ -74,6 +74,8 @@ class BatchedEnv:
             )
         except ValueError as error:
             raise EnvError(str(error)) from None
+        # The agent's actions are 0..n-1; a Discrete(n, start=s) env takes s..s+n-1.
+        self.action_start = int(action_space.start)
         self.track_lives = track_lives
         n = self.num_envs
         self.episode_return = np.zeros(n, dtype=np.float32)
@@ -119,6 +121,8 @@ class BatchedEnv:
         pressed = actions
         if self.fire_next.any():
             pressed = np.where(self.fire_next, self.fire_action, actions).astype(actions.dtype)
+        if self.action_start:
+            pressed = pressed + self.action_start
         frame, reward, terminated, truncated, info = self.env.step(pressed)
         if self.cast_to is not None:
             frame = frame.astype(self.cast_to)
