@@ -134,3 +134,62 @@ class SlowFromSeedEnv(OverflowRewardEnv):
 
 if "SlowFromSeed-v0" not in gym.registry:
     gym.register("SlowFromSeed-v0", entry_point=SlowFromSeedEnv)
+
+
+class ResizableEnv(OverflowRewardEnv):
+    """Like OverflowRewardEnv without the overflow, with observations of
+    $TB_TEST_OBSERVATION_SIZE numbers (3 if unset): an env whose code changed."""
+
+    def __init__(self):
+        super().__init__(overflow_after=10**12)
+        self.size = int(os.environ.get("TB_TEST_OBSERVATION_SIZE", "3"))
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (self.size,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        _, info = super().reset(seed=seed)
+        return np.zeros(self.size, np.float32), info
+
+    def step(self, action):
+        _, *rest = super().step(action)
+        return (np.zeros(self.size, np.float32), *rest)
+
+
+class NanRewardEnv(OverflowRewardEnv):
+    """Rewards NaN, as a reward computed from a broken simulation would."""
+
+    def step(self, action):
+        observation, _, terminated, truncated, info = super().step(action)
+        return observation, float("nan"), terminated, truncated, info
+
+
+class DrawingEnv(OverflowRewardEnv):
+    """Draws $TB_TEST_PICTURE: "five-colours" (a [2, 2, 5] picture, which no video
+    holds), "raise" (its render() raises from its third step) or an RGB picture."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 15}
+
+    def __init__(self, render_mode=None):
+        super().__init__(overflow_after=10**12)
+        self.render_mode = render_mode
+
+    def render(self):
+        picture = os.environ.get("TB_TEST_PICTURE", "rgb")
+        if picture == "raise" and self.episode_steps >= 3:
+            raise RuntimeError("the renderer lost its display")
+        colours = 5 if picture == "five-colours" else 3
+        return np.zeros((2, 2, colours), np.uint8)
+
+
+class FailingToStartEnv(OverflowRewardEnv):
+    """Raises as it is made, as an env whose simulator is missing would."""
+
+    def __init__(self):
+        raise RuntimeError("no simulator license found")
+
+
+if "Resizable-v0" not in gym.registry:
+    gym.register("Resizable-v0", entry_point=ResizableEnv)
+    gym.register("NanReward-v0", entry_point=NanRewardEnv, disable_env_checker=True)
+    # (Gymnasium's checker would warn of the five colours before torchbeast refuses them.)
+    gym.register("Drawing-v0", entry_point=DrawingEnv, disable_env_checker=True)
+    gym.register("FailingToStart-v0", entry_point=FailingToStartEnv)

@@ -123,7 +123,7 @@ def test_envs_per_actor_alone_takes_the_layouts_actor_count(monkeypatch):
 
 def test_mode_accepts_train_test_test_render_and_eval():
     modes = ("train", "test", "test_render", "eval")
-    assert [parse("--mode", mode).mode for mode in modes] == list(modes)
+    assert [parse("--mode", mode, "--xpid", "x").mode for mode in modes] == list(modes)
 
 
 def test_mode_refuses_another_value(capsys):
@@ -201,7 +201,8 @@ def test_a_training_run_without_seed_draws_one_and_test_modes_keep_none():
     seeds = {parse("--xpid", "x").seed for _ in range(5)}
     assert len(seeds) > 1 and all(0 <= seed < 1_000_000 for seed in seeds)
     assert parse("--seed", "3").seed == 3
-    assert parse("--mode", "test").seed is None and parse("--mode", "eval").seed is None
+    test, eval_ = (parse("--mode", mode, "--xpid", "x") for mode in ("test", "eval"))
+    assert test.seed is None and eval_.seed is None
 
 
 def test_new_flags_parse_their_values():

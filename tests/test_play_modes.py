@@ -91,3 +91,54 @@ def test_a_game_that_goes_on_says_so_every_minute(monkeypatch, caplog):
     lines = [record.getMessage() for record in caplog.records]
     assert len(lines) == 1 and lines[0].startswith("Playing episode 1 of 3: 6 steps so far")
     assert progress.steps == 1 and progress.episodes == 1
+
+
+def test_an_env_whose_observations_changed_since_training_is_one_line(tmp_path, monkeypatch):
+    env = ["--env", "tests.envs_for_tests:Resizable-v0"]
+    assert (
+        monobeast(tmp_path, *TRAIN[2:], *env, "--total_steps", "200", "--xpid", "a").returncode == 0
+    )
+    monkeypatch.setenv("TB_TEST_OBSERVATION_SIZE", "5")  # its code changed: a traceback before
+    for mode in ("test", "eval"):
+        played = monobeast(tmp_path, "--mode", mode, "--xpid", "a", "--num_episodes", "1")
+        assert_one_error_line(
+            played, "was trained on tests.envs_for_tests:Resizable-v0 (float32 [3], 2 actions)",
+            "but the environment now is tests.envs_for_tests:Resizable-v0 (float32 [5], 2 actions)",
+        )  # fmt: skip
+
+
+def test_rewards_that_are_not_numbers_are_one_line_not_nan_in_eval_json(tmp_path):
+    played = monobeast(
+        tmp_path, "--mode", "eval", "--random_policy", "--env", "tests.envs_for_tests:NanReward-v0",
+        "--xpid", "a", "--num_episodes", "2",
+    )  # fmt: skip
+    assert_one_error_line(played, "episode 1's return is nan: the environment's rewards hold NaN")
+    assert not (tmp_path / "a" / "eval_random.json").exists()  # it held NaN, which is no JSON
+
+
+def test_an_atari_game_plays_any_seed_the_flag_takes(tmp_path):
+    # ale-py takes 32-bit seeds: --seed 3000000000 was a TypeError several lines long.
+    played = monobeast(
+        tmp_path, "--mode", "eval", "--random_policy", "--env", "PongNoFrameskip-v4",
+        "--xpid", "a", "--num_episodes", "1", "--seed", "3000000000",
+    )  # fmt: skip
+    assert played.returncode == 0, played.stderr
+    report = json.loads((tmp_path / "a" / "eval_random.json").read_text())
+    assert report["num_episodes"] == 1 and report["policy"] == "random"
+    assert "step" not in report  # no checkpoint was played
+
+
+def test_playing_without_a_run_name_says_to_give_one(tmp_path):
+    # It looked for a run named for the time, "torchbeast-20261129-210538", and said to train it.
+    for mode in ("test", "eval"):
+        played = monobeast(tmp_path, "--mode", mode)
+        assert played.returncode == 2
+        assert f"--mode {mode} plays a trained run: name it with --xpid" in played.stderr
+
+
+def test_an_env_that_fails_as_it_is_made_is_one_line_with_its_traceback_above(tmp_path):
+    env = ["--env", "tests.envs_for_tests:FailingToStart-v0"]
+    for command in ([*TRAIN[2:], *env], ["--mode", "test", "--random_policy", *env, "--xpid", "a"]):
+        result = monobeast(tmp_path, *command)
+        assert_one_error_line(result, "RuntimeError: no simulator license found")
+        assert "raise RuntimeError" in result.stdout

@@ -331,6 +331,23 @@ def test_real_rom_survival_proxy_starts_every_game_so_a_noop_agent_cannot_wait_f
     assert games_over == 2  # flying straight crashes: two whole games within 3,000 steps
 
 
+def test_real_rom_a_video_without_a_proxy_starts_the_game_as_training_did():
+    # Training without a proxy runs AtariVectorEnv, which presses FIRE right after the
+    # reset's no-ops; a --video (Gymnasium's wrappers) waited for frame 80 as the proxies
+    # do, and played other games: 976-step episodes where eval without --video had 816-820.
+    def frame_after_reset(settings: EnvSettings) -> int:
+        env = create_env(settings, num_envs=1, render="rgb_array")
+        try:
+            env.reset(seed=0)
+            return env.env.envs[0].unwrapped.ale.getEpisodeFrameNumber()
+        finally:
+            env.close()
+
+    assert frame_after_reset(EnvSettings(RIVERRAID)) < riverraid.FIRST_INPUT_FRAME
+    proxy = EnvSettings(RIVERRAID, options={"move_penalty": 0.0})
+    assert frame_after_reset(proxy) > riverraid.FIRST_INPUT_FRAME  # FIRE once it counts
+
+
 def test_polybeast_passes_proxy_values_that_look_like_options_to_its_env_servers():
     learner_flags = parse_flags(
         ["--env", RIVERRAID, "--move_penalty=-1e-05", "--fuel_multiplier", "1"],

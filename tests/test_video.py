@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.test_monobeast import monobeast
+from tests.test_monobeast import assert_one_error_line, monobeast
 from torchbeast import video
 from torchbeast.envs import EnvError, create_env
 
@@ -22,7 +22,7 @@ def frames_of(path) -> list[Image.Image]:
         frames = []
         for index in range(gif.n_frames):
             gif.seek(index)
-            shows = round(gif.info["duration"] / round(1000 / 15))
+            shows = round(gif.info["duration"] / 70)  # ms: Atari's 15 a second, in hundredths
             frames += [gif.convert("RGB")] * shows
         return frames
 
@@ -53,7 +53,9 @@ def test_video_is_refused_in_one_line_where_it_cannot_be_written(tmp_path):
     trained = monobeast(tmp_path, "--env", "CartPole-v1", *TRAIN, "--video", "x.gif")
     assert trained.returncode == 2
     assert "--video records the games of --mode test and eval, not train" in trained.stderr
-    tested = monobeast(tmp_path, "--env", "CartPole-v1", "--mode", "test", "--video", "x.mp4")
+    tested = monobeast(
+        tmp_path, "--env", "CartPole-v1", "--mode", "test", "--xpid", "run", "--video", "x.mp4"
+    )
     assert tested.returncode == 2
     assert "--video x.mp4 must end in .gif" in tested.stderr
 
@@ -114,3 +116,56 @@ def test_small_pictures_are_scaled_up_in_blocks_and_floats_become_bytes():
     assert (picture[:16, :16] == [255, 128, 0]).all() and (picture[16:, :] == 0).all()
     screen = np.full((210, 160, 3), 7, dtype=np.uint8)
     assert video.as_picture(screen) is not None and video.as_picture(screen).shape == screen.shape
+
+
+def test_pictures_of_integers_keep_their_levels_and_others_are_refused():
+    # int64 RGB became white (taken for floats in [0, 1]); a [1, 1, 5] picture was PIL's
+    # TypeError after every game, eval.json unwritten.
+    screen = np.full((160, 160, 3), 7, dtype=np.int64)
+    assert (video.as_picture(screen) == 7).all() and video.as_picture(screen).dtype == np.uint8
+    for shape in [(2, 2, 5), (4,), (2, 2, 3, 1), (0, 4, 3)]:
+        with pytest.raises(video.VideoError, match=r"--video records \[H, W, 3\] \(RGB\)"):
+            video.as_picture(np.zeros(shape, np.uint8))
+
+
+def test_a_picture_no_video_holds_is_one_line_before_any_game(tmp_path, monkeypatch):
+    monkeypatch.setenv("TB_TEST_PICTURE", "five-colours")
+    played = monobeast(
+        tmp_path, "--mode", "eval", "--random_policy", "--env", "tests.envs_for_tests:Drawing-v0",
+        "--xpid", "a", "--num_episodes", "2", "--video", str(tmp_path / "play.gif"),
+    )  # fmt: skip
+    assert_one_error_line(played, "the env draws pictures of shape [2, 2, 5]: --video records")
+    assert "Episode 1 ended" not in played.stdout
+
+
+def test_a_render_that_raises_is_one_line_with_its_traceback_above(tmp_path, monkeypatch):
+    monkeypatch.setenv("TB_TEST_PICTURE", "raise")
+    played = monobeast(
+        tmp_path, "--mode", "test", "--random_policy", "--env", "tests.envs_for_tests:Drawing-v0",
+        "--xpid", "a", "--video", str(tmp_path / "play.gif"),
+    )  # fmt: skip
+    assert_one_error_line(
+        played, "the environment failed: RuntimeError: the renderer lost its display"
+    )
+    assert "raise RuntimeError" in played.stdout
+
+
+def test_a_video_is_written_at_atari_speed_as_near_as_a_gif_holds_it(tmp_path):
+    recorder = video.Recorder(str(tmp_path / "play.gif"), steps=3)
+    for level in (0, 100, 200):
+        recorder.add(np.full((4, 4, 3), level, np.uint8))
+    assert recorder.save() == 3 and recorder.seconds == pytest.approx(0.21)
+    with Image.open(tmp_path / "play.gif") as gif:
+        assert gif.n_frames == 3 and gif.info["duration"] == 70  # 15 a second is 66.7 ms
+
+
+def test_a_video_path_from_a_config_file_has_its_home_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = tmp_path / "play.toml"
+    config.write_text('video = "~/play.gif"\nvideo_steps = 2\n')
+    played = monobeast(
+        tmp_path, "--mode", "test", "--random_policy", "--env", "tests.envs_for_tests:Drawing-v0",
+        "--xpid", "a", "--num_episodes", "1", "--config", str(config),
+    )  # fmt: skip
+    assert played.returncode == 0, played.stderr
+    assert (tmp_path / "play.gif").exists()

@@ -8,14 +8,12 @@ returns, per step), prints mean ± std, and writes the figures to ``savedir/xpid
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 import os
 import time
-import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -144,7 +142,7 @@ def play(settings: Settings, trained: Trained, render: bool = False) -> list[Epi
     run = settings.run
     recorder = None if run.video is None else video.Recorder(run.video, run.video_steps)
     render_mode = "human" if render else ("rgb_array" if recorder else None)
-    with environment_errors():
+    with envs.environment_errors():
         env = envs.create_env(trained.env, num_envs=1, render=render_mode)
     proxy = envs.reward_description(trained.env) is not None
     return_name = "proxy_return" if proxy else "return"
@@ -152,20 +150,22 @@ def play(settings: Settings, trained: Trained, render: bool = False) -> list[Epi
         model = policy(settings, trained, env.spec)
         spec = env.spec
         episodes: list[Episode] = []
-        with environment_errors():
-            env_output = as_tensors(env.reset(seed=trained.env.seed))
+        with envs.environment_errors():
+            env_output = as_tensors(env.reset(seed=play_seed(trained.env.seed)))
         core_state = model.initial_state(1)
-        if recorder is not None:
-            recorder.add(env.frame())
+        if recorder is not None:  # its first picture: a video it cannot record, said now
+            with envs.environment_errors():
+                recorder.add(env.frame())
         progress = EpisodeProgress(settings.run.num_episodes)
         while len(episodes) < settings.run.num_episodes:
             agent_output, core_state = act(model, env_output, core_state)
-            with environment_errors():
+            with envs.environment_errors():
                 step = env.step(agent_output["action"].numpy())
             env_output = as_tensors(step)
             progress.step(len(episodes))
             if recorder is not None and not recorder.full:
-                recorder.add(env.frame())
+                with envs.environment_errors():
+                    recorder.add(env.frame())
             if step["episode_end"][0]:
                 episodes.append(
                     Episode(
@@ -178,6 +178,7 @@ def play(settings: Settings, trained: Trained, render: bool = False) -> list[Epi
                         return_name=return_name,
                     )
                 )
+                check_finite(episodes[-1], len(episodes))
                 log.info(
                     "Episode %d ended after %d steps. Return: %.1f",
                     len(episodes),
@@ -187,16 +188,33 @@ def play(settings: Settings, trained: Trained, render: bool = False) -> list[Epi
         if recorder is not None:
             try:
                 log.info(
-                    "Recorded %d steps of play in %s (%.0f s).",
+                    "Recorded %d steps of play in %s (%.1f s).",
                     recorder.save(),
                     recorder.path,
-                    len(recorder.frames) / recorder.fps,
+                    recorder.seconds,
                 )
             except OSError as error:  # the games' figures are kept: eval.json follows
                 log.warning("Could not write the video %s: %s", recorder.path, write_failure(error))
         return episodes
     finally:
         env.close()
+
+
+def play_seed(seed: int | None) -> int | None:
+    """--seed as the games take it: below 2**31, where ale-py's 32-bit seeds overflowed
+    (training's seeds wrap alike: ``envs.worker_seed``)."""
+    return None if seed is None else seed % envs.SEED_RANGE
+
+
+def check_finite(episode: Episode, number: int) -> None:
+    """Refuses an episode whose figures are NaN or infinite: eval.json (JSON) cannot hold
+    them, and a mean over them says nothing."""
+    for name, value in {"return": episode.episode_return, **episode.extras}.items():
+        if not np.isfinite(value):
+            raise envs.EnvError(
+                f"episode {number}'s {name} is {value}: the environment's rewards hold NaN "
+                "or inf, or add up past float32's range: fix (or scale) what its step returns"
+            )
 
 
 PROGRESS_INTERVAL_S = 60.0
@@ -227,26 +245,12 @@ class EpisodeProgress:
             )
 
 
-@contextlib.contextmanager
-def environment_errors() -> Iterator[None]:
-    """What the environment raises as one line (EnvError), its traceback logged above it,
-    as training says an actor's failure."""
-    try:
-        yield
-    except (envs.EnvError, KeyboardInterrupt):
-        raise
-    except Exception as error:
-        log.error("The environment failed:\n%s", traceback.format_exc())
-        raise envs.EnvError(
-            f"the environment failed: {type(error).__name__}: {error} (traceback above)"
-        ) from error
-
-
 def policy(settings: Settings, trained: Trained, spec: EnvSpec) -> Agent | RandomPolicy:
     """The checkpoint's model, playing greedily; or a random policy."""
     if settings.run.random_policy:
         return RandomPolicy(spec.num_actions, trained.env.seed)
     config = checkpoint_model_config(settings.model, trained, spec.observation_shape)
+    checkpoint.check_spec(trained.state, spec, trained.path)  # the env's code changed since
     dtype = compute_dtype(settings.model.precision, "cpu", config["kind"])
     model = create_model(
         config, spec.observation_shape, spec.num_actions, compute_dtype=dtype, inference_only=True
@@ -290,7 +294,7 @@ def evaluate(settings: Settings) -> dict:
     for name, figure in summary.items():
         log.info("%-22s %10.2f ± %.2f", name, figure["mean"], figure["std"])
     report: dict[str, object] = {"xpid": xpid, "env": trained.env.env}
-    if "step" in state:  # which checkpoint was played: a run still training saves more
+    if "step" in state and not settings.run.random_policy:  # which checkpoint was played
         report["step"] = state["step"]
     report["num_episodes"] = len(episodes)
     if settings.run.random_policy:

@@ -27,19 +27,26 @@ def check_path(path: str, writable: bool = True) -> None:
 
 class Recorder:
     """The pictures of the first ``steps`` agent steps (the reset's and each step's),
-    written as a GIF of ``fps`` pictures a second (15: Atari's speed, 4 frames a step)."""
+    written as a GIF of about ``fps`` pictures a second (15: Atari's speed, 4 frames a
+    step; a GIF holds each picture's time in hundredths of a second, so 70 ms here)."""
 
     def __init__(self, path: str, steps: int, fps: float = 15.0):
         check_path(path)
-        self.path, self.steps, self.fps = path, steps, fps
+        self.path, self.steps = path, steps
+        self.frame_ms = 10 * max(2, round(100 / fps))  # browsers slow 0-1 hundredths down
         self.frames: list[np.ndarray] = []
 
     @property
     def full(self) -> bool:
         return len(self.frames) >= self.steps
 
+    @property
+    def seconds(self) -> float:
+        return len(self.frames) * self.frame_ms / 1000
+
     def add(self, frame: np.ndarray) -> None:
-        """Keeps one picture ([H, W, 3]: uint8, or floats in [0, 1]) until it has enough."""
+        """Keeps one picture ([H, W] or [H, W, 3 or 4]: uint8, other integers in 0-255, or
+        floats in [0, 1]) until it has enough."""
         if not self.full:
             self.frames.append(as_picture(frame))
 
@@ -54,7 +61,7 @@ class Recorder:
             self.path,
             save_all=True,
             append_images=images[1:],
-            duration=round(1000 / self.fps),
+            duration=self.frame_ms,
             loop=0,
             optimize=False,
         )
@@ -62,10 +69,26 @@ class Recorder:
 
 
 def as_picture(frame: np.ndarray) -> np.ndarray:
-    """An env's picture as uint8 RGB [H, W, 3], small ones scaled up (each pixel a block)."""
+    """An env's picture as uint8 [H, W, 3] (or RGBA [H, W, 4]), small ones scaled up (each
+    pixel a block); a picture of another shape or kind is a VideoError."""
     frame = np.asarray(frame)
-    if frame.dtype != np.uint8:  # e.g. MinAtar's floats in [0, 1]
-        frame = (np.clip(frame, 0.0, 1.0) * 255).round().astype(np.uint8)
+    colours = frame.shape[2] if frame.ndim == 3 else None
+    if frame.ndim not in (2, 3) or colours not in (None, 3, 4) or 0 in frame.shape:
+        raise VideoError(
+            f"the env draws pictures of shape {list(frame.shape)}: --video records [H, W, 3] "
+            "(RGB), [H, W, 4] (RGBA) or [H, W] (grey); play without --video"
+        )
+    if frame.dtype == np.bool_:
+        frame = frame.astype(np.uint8) * 255
+    elif np.issubdtype(frame.dtype, np.integer) and frame.dtype != np.uint8:
+        frame = np.clip(frame, 0, 255).astype(np.uint8)  # e.g. int64 RGB
+    elif np.issubdtype(frame.dtype, np.floating):  # e.g. MinAtar's floats in [0, 1]
+        frame = (np.clip(np.nan_to_num(frame), 0.0, 1.0) * 255).round().astype(np.uint8)
+    elif frame.dtype != np.uint8:
+        raise VideoError(
+            f"the env draws pictures of {frame.dtype}: --video records numbers (uint8, or "
+            "floats in [0, 1]); play without --video"
+        )
     if frame.ndim == 2:
         frame = np.repeat(frame[:, :, None], 3, axis=2)
     scale = max(1, -(-MIN_SIDE // min(frame.shape[:2])))  # ceil

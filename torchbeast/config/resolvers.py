@@ -113,6 +113,12 @@ def resolve_run_folder(
 ) -> dict:
     """--savedir with ~ and $VARS expanded; --xpid, a plain folder name, from the time if
     not given, and ``latest`` the name of the run that link points at."""
+    plays_a_run = flags.mode != "train" and not (flags.random_policy and flags.env)
+    if not flags.xpid and plays_a_run:  # not a new run's name, which no run has
+        parser.error(
+            f"--mode {flags.mode} plays a trained run: name it with --xpid (--xpid latest: "
+            "the last run trained in --savedir)"
+        )
     xpid = flags.xpid or "torchbeast-" + time.strftime("%Y%m%d-%H%M%S")
     if not re.fullmatch(r"[A-Za-z0-9._=+-]+", xpid) or xpid in (".", ".."):
         parser.error(
@@ -132,7 +138,12 @@ def resolve_run_folder(
                 f"--xpid latest names the last run in {savedir}, and there is none: give "
                 "the run a name, or leave --xpid out"
             )
-    return dict(savedir=savedir, xpid=xpid)
+    resolved = dict(savedir=savedir, xpid=xpid)
+    if flags.video:  # a path as --savedir's: from a config file, "~/play.gif" is not expanded
+        if unset := unset_variable(flags.video):
+            parser.error(f"--video {flags.video} names {unset}, which is not set")
+        resolved["video"] = expand_savedir(flags.video)
+    return resolved
 
 
 def expand_savedir(savedir: str) -> str:

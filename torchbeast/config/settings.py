@@ -83,8 +83,9 @@ class RunSettings:
     random_policy: bool = flag(
         False,
         "(new) Test and eval modes play uniformly random actions instead of the model: "
-        "the random policy's level, with the run's env and reward settings (eval writes "
-        "eval_random.json; without a checkpoint, give --env).",
+        "the random policy's level on the run's env, with the reward flags of this command "
+        "line, as the model's eval takes them (eval writes eval_random.json; without a "
+        "checkpoint, give --env).",
         group=TEST_AND_EVAL,
     )
     video_steps: int = flag(

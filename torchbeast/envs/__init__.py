@@ -19,6 +19,14 @@ The N envs' episode bookkeeping is ``envs.batched``'s; looking an id up, ``envs.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import traceback
+from collections.abc import Iterator
+
+import gymnasium as gym
+
+from torchbeast.core.errors import UserError
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs.atari import make_single_atari
 from torchbeast.envs.batched import BatchedEnv
@@ -34,6 +42,7 @@ __all__ = [
     "Preset",
     "create_env",
     "env_spec",
+    "environment_errors",
     "families",
     "family_of",
     "gym_spec",
@@ -97,9 +106,29 @@ def log_training_reward(settings: EnvSettings, reward_clipping: str) -> None:
     family_of(settings.env).log_training_reward(settings, reward_clipping)
 
 
+@contextlib.contextmanager
+def environment_errors(doing: str = "failed") -> Iterator[None]:
+    """What the environment's own code raises as one line (EnvError), its traceback logged
+    above it, as training says an actor's failure; ``doing`` says when: "failed as it
+    was made"."""
+    try:
+        yield
+    # Ours (an EnvError, a picture --video cannot take) or a package to install: one line.
+    except (UserError, gym.error.DependencyNotInstalled, KeyboardInterrupt):
+        raise
+    except Exception as error:
+        logging.getLogger("torchbeast").error(
+            "The environment %s:\n%s", doing, traceback.format_exc()
+        )
+        raise EnvError(
+            f"the environment {doing}: {type(error).__name__}: {error} (traceback above)"
+        ) from error
+
+
 def env_spec(settings: EnvSettings | str) -> EnvSpec:
     """Observation shape/dtype and number of actions, from one throwaway env."""
-    env = create_env(settings, num_envs=1)
+    with environment_errors("failed as it was made"):
+        env = create_env(settings, num_envs=1)
     try:
         return env.spec
     finally:

@@ -98,7 +98,12 @@ def make_single_atari(
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
     if proxy is not None:
         env = riverraid.ProxyReward(env, frame_scores, proxy)
-    first_input_frame = riverraid.FIRST_INPUT_FRAME if riverraid.is_riverraid(spec) else 0
+    # Only a proxy's Riverraid waits for its first input frame: without a proxy the game
+    # trains on AtariVectorEnv, which presses FIRE at once, and a video of it must play
+    # the game it trained on.
+    first_input_frame = 0
+    if proxy is not None and riverraid.is_riverraid(spec):
+        first_input_frame = riverraid.FIRST_INPUT_FRAME
     env = FireOnReset(env, first_input_frame)
     return gym.wrappers.FrameStackObservation(env, 4)
 
