@@ -318,6 +318,26 @@ class CorridorFamily(EnvFamily):
             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
         )
         return BatchedEnv(vector_env, settings.env, track_lives=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class RateOptions:
+    learning_rate: float = flag(0.1, "A name the learner's flag has.")
+
+
+class ClashingFamily(EnvFamily):
+    name = "Clashing"
+    options = RateOptions
+
+    def takes(self, env_id, spec):
+        return False
+
+
+class RaisingFamily(EnvFamily):
+    name = "Raising"
+
+    def takes(self, env_id, spec):
+        raise RuntimeError("the family's index is missing")
 '''
 
 
@@ -381,6 +401,39 @@ def test_a_broken_plugin_is_one_warning_and_the_rest_runs(tmp_path, plugin_path)
     assert result.returncode == 0, result.stderr
     assert "Env family 'broken'" in result.stderr + result.stdout
     assert "--corridor_length" in result.stdout  # the good family of the package still loads
+
+
+def add_entry_point(plugin_path: str, line: str) -> None:
+    with open(os.path.join(plugin_path, "corridors-0.1.dist-info", "entry_points.txt"), "a") as f:
+        f.write(line + "\n")
+
+
+def test_a_plugin_that_declares_a_flag_of_ours_is_one_line_naming_it(plugin_path):
+    # Every command, --help too, was a ValueError's traceback: "declared by two settings".
+    add_entry_point(plugin_path, "clashing = corridors:ClashingFamily")
+    for command in (["--help"], ["--env", "CartPole-v1", "--print_settings"]):
+        result = run_with(plugin_path, "torchbeast.monobeast", *command)
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines() == [
+            "error: env family 'Clashing' (entry point corridors:ClashingFamily) declares "
+            "--learning_rate, which torchbeast's own settings declare: rename its flag, or "
+            "uninstall its package"
+        ]
+
+
+def test_a_plugin_whose_takes_raises_is_left_out_and_the_run_goes_on(tmp_path, plugin_path):
+    # It stopped every run, of any env, with the plug-in's traceback.
+    add_entry_point(plugin_path, "raising = corridors:RaisingFamily")
+    result = run_with(
+        plugin_path, "torchbeast.monobeast", "--mode", "test", "--random_policy", "--env",
+        "CartPole-v1", "--xpid", "a", "--savedir", str(tmp_path), "--num_episodes", "1",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (
+        "env family 'Raising' (entry point corridors:RaisingFamily) is left out: its "
+        "takes('CartPole-v1') raised RuntimeError: the family's index is missing"
+    ) in result.stdout + result.stderr
+    assert "Average returns over 1 episodes" in result.stdout
 
 
 def test_create_env_passes_a_familys_options_to_its_envs(plugin_path):

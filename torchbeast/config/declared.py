@@ -109,20 +109,32 @@ def group_of(parser: argparse.ArgumentParser, title: str) -> argparse._ArgumentG
 
 
 def add_declared_flags(
-    parser: argparse.ArgumentParser, settings_type: type, group: str | None = None
+    parser: argparse.ArgumentParser,
+    settings_type: type,
+    group: str | None = None,
+    plugin: str | None = None,
 ) -> None:
     """Adds the flags ``settings_type`` declares to their groups (``declared_flags``), but
     those the parser has from the same declaration already (settings that several
-    commands' classes hold, such as the env's); a name declared twice is refused."""
-    added = _added.setdefault(parser, {})
+    commands' classes hold, such as the env's); a name declared twice is refused.
+    ``plugin``: the package's env family that declares them (``envs.family.plugin_text``),
+    named where one of them is also another setting's."""
+    added = _added.setdefault(parser, {})  # name -> (flag, the plug-in that declared it)
     for declared in declared_flags(settings_type, group):
-        if declared.name in added:
-            if added[declared.name] is not declared.flag:
-                raise ValueError(f"--{declared.name} is declared by two settings")
-            continue
+        if declared.name in added or f"--{declared.name}" in parser._option_string_actions:
+            flag, earlier = added.get(declared.name, (None, None))
+            if flag is declared.flag:
+                continue
+            if plugin or earlier:  # a package's mistake, not ours: one line, before --help
+                raise SystemExit(
+                    f"error: {plugin or earlier} declares --{declared.name}, which "
+                    "torchbeast's own settings declare: rename its flag, or uninstall its "
+                    "package"
+                )
+            raise ValueError(f"--{declared.name} is declared by two settings")
         names, kwargs = declared.argument()
         group_of(parser, declared.group).add_argument(*names, **kwargs)
-        added[declared.name] = declared.flag
+        added[declared.name] = (declared.flag, plugin)
 
 
 def from_flags(settings_type, parsed: argparse.Namespace, /, **given):

@@ -34,7 +34,7 @@ from torchbeast.core.settings import (
     LearnerSettings,
     ModelSettings,
 )
-from torchbeast.envs.family import families
+from torchbeast.envs.family import families, is_plugin, plugin_text
 from torchbeast.envs.settings import EnvSettings
 
 DERIVED = "derived"  # a resolver filled it from other flags or the machine
@@ -114,7 +114,9 @@ def add_env_side_flags(parser: argparse.ArgumentParser) -> None:
     group; PolyBeast's env side takes them too."""
     for family in families():
         if family.options is not None:
-            add_declared_flags(parser, family.options, group=f"{family.name} environments")
+            plugin = plugin_text(family) if is_plugin(family) else None
+            group = f"{family.name} environments"
+            add_declared_flags(parser, family.options, group=group, plugin=plugin)
 
 
 def parse_flags(

@@ -149,12 +149,29 @@ class EnvFamily:
             env.close()
 
 
+# The entry point of each plug-in family, by the family's id(): where the messages say
+# it came from.
+_plugins: dict[int, str] = {}
+_left_out: set[int] = set()  # plug-ins that broke as they were asked (``family_of``)
+
+
+def is_plugin(family: EnvFamily) -> bool:
+    """Whether a package's entry point brought ``family`` (not one of torchbeast's)."""
+    return id(family) in _plugins
+
+
+def plugin_text(family: EnvFamily) -> str:
+    """``env family 'Congestion' (entry point my_package.family:CongestionFamily)``."""
+    return f"env family {family.name!r} (entry point {_plugins.get(id(family), '?')})"
+
+
 def _entry_point_families() -> list[EnvFamily]:
     families = []
     for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             loaded = entry_point.load()
             family = loaded() if isinstance(loaded, type) else loaded
+            _plugins[id(family)] = entry_point.value
         except Exception as error:  # a broken plug-in must not stop a run that does not use it
             log.warning(
                 "Env family %r (entry point %s) could not be loaded: %s",
@@ -174,10 +191,14 @@ def _entry_point_families() -> list[EnvFamily]:
     return families
 
 
-@functools.cache
 def families() -> tuple[EnvFamily, ...]:
     """Every family, in the order they are asked: plug-ins, then the built-in ones, the
-    generic Gymnasium family last."""
+    generic Gymnasium family last; a plug-in that broke as it was asked is left out."""
+    return tuple(family for family in _loaded_families() if id(family) not in _left_out)
+
+
+@functools.cache
+def _loaded_families() -> tuple[EnvFamily, ...]:
     from torchbeast.envs.atari import AtariFamily
     from torchbeast.envs.cue import PixelCueFamily
     from torchbeast.envs.minatar import MinAtarFamily
@@ -191,8 +212,21 @@ def family_of(env_id: str) -> EnvFamily:
     candidates = families()
     spec = gym_spec(env_id)
     for family in candidates:
-        if family.takes(env_id, spec):
-            return family
+        try:
+            if family.takes(env_id, spec):
+                return family
+        except Exception as error:
+            if not is_plugin(family):
+                raise
+            # A broken plug-in must not stop a run that does not use it, nor make its ids.
+            _left_out.add(id(family))
+            log.warning(
+                "%s is left out: its takes(%r) raised %s: %s",
+                plugin_text(family),
+                env_id,
+                type(error).__name__,
+                error,
+            )
     raise EnvError(f"no environment family takes {env_id!r}")  # the generic one takes all
 
 
