@@ -154,6 +154,38 @@ def test_a_flag_passed_on_that_the_runs_refuse_is_one_line_before_any_run(capsys
     assert "error: argument --learning_rate: must be a finite number > 0" in captured.err
 
 
+@pytest.mark.parametrize(
+    "passed, refusal",
+    [  # each ran every check to its failure, or ended in a traceback (--xpid), or printed
+        # one check's settings and exited 0, "every check passed" (--print_settings)
+        (["--xpid", "mine"], "--xpid cannot be passed on to the checks: each check names"),
+        (["--env=CartPole-v1"], "--env cannot be passed on to the checks"),
+        (["--print_settings"], "--print_settings cannot be passed on to the checks"),
+        (["--num_episodes", "3"], "--num_episodes counts the games of --mode test and eval"),
+        (["--video", "play.gif"], "--video records the games of --mode test and eval"),
+        (["--random_policy"], "--random_policy plays in --mode test and eval"),
+    ],
+)
+def test_a_flag_the_checks_cannot_take_is_one_line_before_any_run(capsys, passed, refusal):
+    with pytest.raises(SystemExit) as stopped:
+        learncheck.main(["pixelcue", "cartpole", *passed])
+    assert stopped.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and refusal in captured.err
+
+
+def test_the_savedir_is_expanded_as_the_runs_expand_it(tmp_path, monkeypatch, capsys):
+    # The run wrote into $LCDIR expanded; learncheck looked in '$LCDIR/...' and failed.
+    monkeypatch.setenv("LCDIR", str(tmp_path))
+    checked = learncheck.main(["pixelcue", "--savedir", "$LCDIR/checks", "--total_steps", "80"])
+    assert (tmp_path / "checks" / "learncheck-pixelcue" / "logs.csv").exists()
+    assert checked == 1 and "pixelcue: " in capsys.readouterr().out  # 80 steps learn nothing
+    monkeypatch.delenv("LCDIR")
+    with pytest.raises(SystemExit):
+        learncheck.main(["pixelcue", "--savedir", "$LCDIR/checks"])
+    assert "--savedir $LCDIR/checks names $LCDIR, which is not set" in capsys.readouterr().err
+
+
 def test_a_flag_passed_on_takes_its_value_in_any_order_with_the_checks(capsys):
     split = learncheck.split_passed_flags
     # The value went to the checks: "error: unknown check '0.001'".

@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 from torchbeast.config.argparser import FlagParser
+from torchbeast.config.resolvers import expand_savedir, unset_variable
 from torchbeast.curves import last_episodes_mean, read_logs
 from torchbeast.runtime.processes import sigterm_as_ctrl_c
 from torchbeast.runtime.registry import RUNTIMES
@@ -274,16 +275,29 @@ def make_parser() -> argparse.ArgumentParser:
 def check_flags(names: list[str], savedir: str, extra_flags: tuple[str, ...], runtime: str) -> None:
     """Parses each check's command line as its run would, before any runs: a flag passed
     on that the runtime refuses is one line now (exit 2), not one failed run per check."""
-    from torchbeast.config.flags import parse_flags  # noqa: PLC0415 - only here
+    from torchbeast.cli import parse_command  # noqa: PLC0415 - only here
     from torchbeast.config.parsers import make_runtime_parser  # noqa: PLC0415
 
+    for word in extra_flags:
+        if (flag := word.partition("=")[0]) in CHECKS_OWN:
+            make_parser().error(f"{flag} cannot be passed on to the checks: {CHECKS_OWN[flag]}")
     for name in names:
         parser = make_runtime_parser(runtime)
         parser.prog = "python -m torchbeast.learncheck"
-        parse_flags(CHECKS[name].command(savedir, "check", extra_flags, runtime)[3:], parser)
+        command = CHECKS[name].command(savedir, "check", extra_flags, runtime)[3:]
+        parse_command(parser, command, runtime, check_files=False)  # as its run will
 
 
 OWN_FLAGS = ("--savedir", "--runtime")  # the command's own flags that take a value
+# Flags a check decides itself, which a flag passed on would change (its band holds for
+# its env; learncheck reads its run's logs by name; it trains).
+CHECKS_OWN = {
+    "--xpid": "each check names its run learncheck-NAME in --savedir",
+    "--env": "each check trains its own env, for which its band holds",
+    "--mode": "the checks train",
+    "--print_settings": "a check's settings are those of its command: run it with "
+    "--print_settings",
+}
 
 
 def split_passed_flags(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -333,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.checks if name not in CHECKS]
     if unknown:
         parser.error(f"unknown check {unknown[0]!r}: choose from {', '.join(CHECKS)}")
-    savedir = os.path.expanduser(args.savedir)
+    if unset := unset_variable(args.savedir):
+        parser.error(f"--savedir {args.savedir} names {unset}, which is not set")
+    savedir = expand_savedir(args.savedir)  # as the runs expand it, where their logs are
     check_flags(args.checks or DEFAULT_CHECKS, savedir, extra_flags, args.runtime)
     failures = 0
     sigterm_as_ctrl_c()
