@@ -142,3 +142,11 @@ def test_an_env_that_fails_as_it_is_made_is_one_line_with_its_traceback_above(tm
         result = monobeast(tmp_path, *command)
         assert_one_error_line(result, "RuntimeError: no simulator license found")
         assert "raise RuntimeError" in result.stdout
+
+
+def test_an_eval_json_that_cannot_be_written_is_named_and_leaves_nothing_behind(tmp_path):
+    assert monobeast(tmp_path, *TRAIN, "--total_steps", "200", "--xpid", "a").returncode == 0
+    (tmp_path / "a" / "eval.json").mkdir()  # it named eval.json.tmp, and left it there
+    played = monobeast(tmp_path, "--mode", "eval", "--xpid", "a", "--num_episodes", "1")
+    assert_one_error_line(played, f"Is a directory: {tmp_path / 'a' / 'eval.json'}. Check")
+    assert not (tmp_path / "a" / "eval.json.tmp").exists()

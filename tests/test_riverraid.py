@@ -59,6 +59,17 @@ def test_the_forks_table_picks_the_proxy(args, kind):
     assert proxy_of(*args).kind == kind
 
 
+def test_the_log_says_each_proxy_in_words():
+    # The survival proxy read "10 per step alive, -0 per step moving".
+    assert proxy_of("--move_penalty", "0").describe() == (
+        "move proxy (10 per step alive); true move penalty 0"
+    )
+    assert proxy_of("--move_penalty", "2").describe() == (
+        "move proxy (10 per step alive, -2 per step moving); true move penalty 0"
+    )
+    assert proxy_of("--fuel_multiplier", "5").describe().startswith("fuel proxy (canisters worth")
+
+
 def test_flags_left_out_take_their_defaults():
     assert proxy_of("--move_penalty", "3") == RewardProxy(1.0, 3.0, 0.0)
 

@@ -8,6 +8,7 @@ returns, per step), prints mean ± std, and writes the figures to ``savedir/xpid
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -313,8 +314,15 @@ def evaluate(settings: Settings) -> dict:
 
 
 def write_json_atomically(path: str, value: dict) -> None:
+    """Writes ``value`` to ``path`` whole or not at all; an error names ``path`` (a folder
+    there, say), and leaves no temporary file behind."""
     temporary = path + ".tmp"
-    with open(temporary, "w") as f:
-        json.dump(value, f, indent=2)
-        f.write("\n")
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w") as f:
+            json.dump(value, f, indent=2)
+            f.write("\n")
+        os.replace(temporary, path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise OSError(error.errno, error.strerror, path) from error

@@ -295,8 +295,7 @@ CHECKS_OWN = {
     "--xpid": "each check names its run learncheck-NAME in --savedir",
     "--env": "each check trains its own env, for which its band holds",
     "--mode": "the checks train",
-    "--print_settings": "a check's settings are those of its command: run it with "
-    "--print_settings",
+    "--print_settings": "a check's settings are those of its command: run it with --print_settings",
 }
 
 

@@ -79,7 +79,8 @@ class RewardProxy:
         parameter = {
             "fuel": f"canisters worth {CANISTER_POINTS * self.fuel_multiplier:g}",
             "pacifist": f"10 per step alive, -{-self.fuel_multiplier:g} per step firing",
-            "move": f"10 per step alive, -{self.move_penalty:g} per step moving",
+            "move": "10 per step alive"  # and with --move_penalty 0 nothing else: survival
+            + (f", -{self.move_penalty:g} per step moving" if self.move_penalty else ""),
             "deviate": f"10 per step alive, {self.move_penalty:g} * (x - 76)^2 / 20",
         }[self.kind]
         return f"{self.kind} proxy ({parameter}); true move penalty {self.true_move_penalty:g}"
