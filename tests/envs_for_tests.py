@@ -193,3 +193,27 @@ if "Resizable-v0" not in gym.registry:
     # (Gymnasium's checker would warn of the five colours before torchbeast refuses them.)
     gym.register("Drawing-v0", entry_point=DrawingEnv, disable_env_checker=True)
     gym.register("FailingToStart-v0", entry_point=FailingToStartEnv)
+
+
+class WalkEnv(OverflowRewardEnv):
+    """A walk on a line from 0, deterministic: action 1 steps right, 0 left; the episode
+    ends at -3 or +3, or after 20 steps; reward 1 at +3. A greedy policy plays one game."""
+
+    def __init__(self):
+        super().__init__(overflow_after=10**12)
+        self.position = 0
+
+    def reset(self, *, seed=None, options=None):
+        self.position = 0
+        return super().reset(seed=seed)
+
+    def step(self, action):
+        observation, _, _, _, info = super().step(action)
+        self.position += 1 if action == 1 else -1
+        ended = abs(self.position) == 3
+        observation[0] = self.position / 3
+        return observation, float(self.position == 3), ended, self.episode_steps >= 20, info
+
+
+if "Walk-v0" not in gym.registry:
+    gym.register("Walk-v0", entry_point=WalkEnv)

@@ -150,3 +150,27 @@ def test_an_eval_json_that_cannot_be_written_is_named_and_leaves_nothing_behind(
     played = monobeast(tmp_path, "--mode", "eval", "--xpid", "a", "--num_episodes", "1")
     assert_one_error_line(played, f"Is a directory: {tmp_path / 'a' / 'eval.json'}. Check")
     assert not (tmp_path / "a" / "eval.json.tmp").exists()
+
+
+def test_greedy_games_that_are_one_game_are_said_and_sample_actions_varies_them(tmp_path):
+    # Riverraid's greedy games were one game: eval.json said "± 0.00" without a word.
+    env = ["--env", "tests.envs_for_tests:Walk-v0"]
+    assert (
+        monobeast(tmp_path, *TRAIN[2:], *env, "--total_steps", "200", "--xpid", "a").returncode == 0
+    )
+    play = ["--mode", "eval", "--xpid", "a", "--num_episodes", "6", "--seed", "1"]
+    greedy = monobeast(tmp_path, *play)
+    assert greedy.returncode == 0, greedy.stderr
+    assert "The 6 games were one game played 6 times" in greedy.stdout
+    assert json.loads((tmp_path / "a" / "eval.json").read_text())["actions"] == "greedy"
+    lengths = []
+    for _ in range(2):  # --seed repeats the draws
+        sampled = monobeast(tmp_path, *play, "--sample_actions")
+        assert sampled.returncode == 0, sampled.stderr
+        assert "one game played" not in sampled.stdout
+        report = json.loads((tmp_path / "a" / "eval.json").read_text())
+        assert report["actions"] == "sampled"
+        lengths.append([episode["episode_length"] for episode in report["episodes"]])
+    assert lengths[0] == lengths[1] and len(set(lengths[0])) > 1
+    trained = monobeast(tmp_path, *TRAIN[2:], *env, "--xpid", "b", "--sample_actions")
+    assert trained.returncode == 2 and "training always samples" in trained.stderr

@@ -105,6 +105,8 @@ def parse_command(
         )
     if settings.run.random_policy and mode == "train":
         parser.error("--random_policy plays in --mode test and eval; it does not train")
+    if settings.run.sample_actions and mode == "train":
+        parser.error("--sample_actions plays in --mode test and eval; training always samples")
     if mode == "train" and sources.get("num_episodes") == COMMAND_LINE:
         parser.error(  # a user may expect training to stop after so many episodes
             "--num_episodes counts the games of --mode test and eval; training stops at "

@@ -1,4 +1,5 @@
-"""Test and eval modes: a trained model plays whole games greedily, in every runtime.
+"""Test and eval modes: a trained model plays whole games greedily (``--sample_actions``:
+drawing its actions, as training does), in every runtime.
 
 ``--mode test`` logs each episode's return. ``--mode eval`` also measures what reward
 misspecification studies compare (the proxy return the agent was trained on and the env's
@@ -138,8 +139,9 @@ def checkpoint_model_config(
 
 
 def play(settings: Settings, trained: Trained, render: bool = False) -> list[Episode]:
-    """Plays ``--num_episodes`` whole games greedily with the checkpoint's model; with
-    ``--video``, records the first ``--video_steps`` agent steps of them."""
+    """Plays ``--num_episodes`` whole games with the checkpoint's model (greedily, or drawing
+    its actions with ``--sample_actions``); with ``--video``, records the first
+    ``--video_steps`` agent steps of them."""
     run = settings.run
     recorder = None if run.video is None else video.Recorder(run.video, run.video_steps)
     render_mode = "human" if render else ("rgb_array" if recorder else None)
@@ -257,7 +259,9 @@ def policy(settings: Settings, trained: Trained, spec: EnvSpec) -> Agent | Rando
         config, spec.observation_shape, spec.num_actions, compute_dtype=dtype, inference_only=True
     )
     model.load_state_dict(trained.state["model_state_dict"])
-    model.eval()  # greedy actions
+    model.train(settings.run.sample_actions)  # drawn from the policy, or its most likely
+    if settings.run.sample_actions and trained.env.seed is not None:
+        torch.manual_seed(trained.env.seed)  # the draws, as the games, repeat with --seed
     return model
 
 
@@ -294,10 +298,21 @@ def evaluate(settings: Settings) -> dict:
     summary = summarize(episodes)
     for name, figure in summary.items():
         log.info("%-22s %10.2f ± %.2f", name, figure["mean"], figure["std"])
+    greedy = not (settings.run.random_policy or settings.run.sample_actions)
+    if greedy and len(episodes) > 1 and all(f["std"] == 0 for f in summary.values()):
+        log.warning(
+            "The %d games were one game played %d times: the env and the greedy policy are "
+            "deterministic from these starts. --sample_actions draws the policy's actions, "
+            "as training did, for varied games.",
+            len(episodes),
+            len(episodes),
+        )
     report: dict[str, object] = {"xpid": xpid, "env": trained.env.env}
     if "step" in state and not settings.run.random_policy:  # which checkpoint was played
         report["step"] = state["step"]
     report["num_episodes"] = len(episodes)
+    if not settings.run.random_policy:
+        report["actions"] = "sampled" if settings.run.sample_actions else "greedy"
     if settings.run.random_policy:
         report["policy"] = "random"
         eval_path = os.path.join(settings.run.run_dir, "eval_random.json")

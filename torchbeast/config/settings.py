@@ -88,6 +88,13 @@ class RunSettings:
         "checkpoint, give --env).",
         group=TEST_AND_EVAL,
     )
+    sample_actions: bool = flag(
+        False,
+        "(new) Test and eval modes play actions drawn from the policy, as training does, "
+        "instead of its most likely ones: varied games where the env and the greedy policy "
+        "are deterministic (Riverraid plays one game from every start); --seed repeats them.",
+        group=TEST_AND_EVAL,
+    )
     video_steps: int = flag(
         450,
         "(new) Agent steps --video records (Atari: 15 a second of play, so 30 s).",
