@@ -10,6 +10,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -123,8 +124,9 @@ def test_a_study_stopped_midway_goes_on_from_where_it_was(tmp_path):
     try:
         wait_for(lambda: (folder / "seed-1" / "eval.json").exists(), 300, "the first cell")
         wait_for(lambda: (folder / "seed-2" / "logs.csv").exists(), 120, "the second cell")
-        # The table shows each cell as it ends, not only when the study does.
-        assert [row["status"] for row in table(tmp_path)] == ["finished", "not run"]
+        # The table shows each cell as it starts and ends, not only when the study does
+        # (the second said "not run" while it trained).
+        assert [row["status"] for row in table(tmp_path)] == ["finished", "running"]
     finally:
         os.kill(first.pid, signal.SIGTERM)  # the study alone: it stops the run it trains
         first.wait(timeout=60)
@@ -136,6 +138,34 @@ def test_a_study_stopped_midway_goes_on_from_where_it_was(tmp_path):
     rows = table(tmp_path)
     assert [row["cell"] for row in rows] == ["seed-1", "seed-2"]
     assert all(row["status"] == "finished" for row in rows)
+
+
+def test_a_second_signal_waits_for_the_runs_checkpoints(tmp_path):
+    # As `timeout` stops a study (SIGTERM to it, then to its group), or Ctrl-C twice: the
+    # study left at the second, its run died mid-checkpoint, and no record was written.
+    path = write_study(tmp_path, "seed = [1]")
+    edit_study(path, "total_steps = 800", "total_steps = 1000000")
+    study = subprocess.Popen(
+        study_command(path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    run = tmp_path / "runs" / "grid" / "seed-1"
+    try:
+        wait_for(lambda: (run / "logs.csv").exists(), 120, "the cell's run")
+        time.sleep(2)
+        os.kill(study.pid, signal.SIGTERM)
+        time.sleep(0.1)
+        os.killpg(study.pid, signal.SIGTERM)
+        _, stderr = study.communicate(timeout=120)
+    finally:
+        if study.poll() is None:
+            study.kill()
+    assert study.returncode == 130, stderr
+    assert "stopping: the runs are writing their checkpoints" in stderr
+    state = json.loads((run / "study_cell.json").read_text())
+    assert state["status"] == "stopped" and state["seconds"] > 2
+    assert "stopped by SIGTERM at step" in (run / "study.log").read_text()  # the run's line
+    assert (run / "model.tar").exists() and not runs_training(run)
 
 
 def test_a_study_killed_outright_takes_the_run_it_trains_along(tmp_path):
@@ -305,6 +335,7 @@ def test_a_damaged_study_json_is_one_line_and_is_left_as_it_is(tmp_path):
 # the head's address, and shuts the cluster down when its stdin closes.
 TWO_NODE_CLUSTER = """
 import sys
+import time
 from ray.cluster_utils import Cluster
 node = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
 cluster = Cluster(initialize_head=True, head_node_args=node | {"include_dashboard": False})

@@ -60,7 +60,11 @@ from torchbeast.config.argparser import FlagParser
 from torchbeast.config.resolvers import default_layout, expand_savedir, unset_variable
 from torchbeast.core.errors import os_error_line
 from torchbeast.curves import LOGS_NAME, best_last_100_curve, read_logs, return_last_100_curve
-from torchbeast.runtime.processes import child_dies_with_parent, sigterm_as_ctrl_c
+from torchbeast.runtime.processes import (
+    child_dies_with_parent,
+    further_stops_said,
+    sigterm_as_ctrl_c,
+)
 from torchbeast.runtime.registry import RUNTIMES
 
 SPEC_NAME = "study.json"  # in the study's folder: what the study is, and its table
@@ -602,11 +606,12 @@ class Runner:
     SIGTERM) starts no more and asks the runs it trains to stop (they checkpoint)."""
 
     def __init__(
-        self, executor: Executor, on_cell_end: Callable[[set[str]], None] = lambda running: None
+        self, executor: Executor, on_change: Callable[[set[str]], None] = lambda running: None
     ):
         self.executor = executor
-        # E.g. rewrite the table, so that it shows progress: called with the cells running.
-        self.on_cell_end = on_cell_end
+        # E.g. rewrite the table, so that it shows progress: called with the cells running,
+        # as a cell starts and as it ends.
+        self.on_change = on_change
         self.print_lock = threading.Lock()
         self.stopping = threading.Event()
         self.running: set[str] = set()  # the names of the cells handed to the executor
@@ -627,6 +632,8 @@ class Runner:
             return
         with self.print_lock:
             self.running.add(cell.name)
+            with contextlib.suppress(OSError):  # the table says it runs (the end says why not)
+                self.on_change(set(self.running))
         try:
             cell.write_flags()
             self.say(f"{cell.name}: {self.executor.starting}")
@@ -643,7 +650,7 @@ class Runner:
         where = f" on {state['node']}" if "node" in state else ""
         error = f" ({state['error']})" if state.get("error") else ""
         with self.print_lock:
-            self.on_cell_end(set(self.running))
+            self.on_change(set(self.running))
             print(f"{cell.name}: {state['status']}{where}{error}", flush=True)
 
     def run(self, cells: list[Cell]) -> None:
@@ -654,9 +661,15 @@ class Runner:
                 future.result()
         except BaseException:  # Ctrl-C or SIGTERM: the runs checkpoint, nothing new starts
             self.stop()
+            # A second signal (Ctrl-C twice; `timeout`, which signals the study and then
+            # its group) left here at once, and the runs died mid-checkpoint with it.
+            with further_stops_said(
+                "stopping: the runs are writing their checkpoints (a moment; kill -9 loses "
+                "what they learned since their last)"
+            ):
+                pool.shutdown(wait=True, cancel_futures=True)
             raise
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=True)
 
 
 def cell_row(cell: Cell, running: set[str] = frozenset()) -> dict[str, object]:

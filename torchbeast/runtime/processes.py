@@ -3,11 +3,14 @@ child imports this module before it can guard itself, see :func:`guarded_main`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import os
 import signal
-from collections.abc import Callable
+import sys
+import threading
+from collections.abc import Callable, Iterator
 
 
 def child_dies_with_parent() -> Callable[[], None] | None:
@@ -29,6 +32,26 @@ def sigterm_as_ctrl_c() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+@contextlib.contextmanager
+def further_stops_said(note: str) -> Iterator[None]:
+    """While the children stop (each writes its checkpoint), a second Ctrl-C or SIGTERM
+    prints ``note`` and is not obeyed: leaving then would kill them mid-write (they die
+    with this process). Signals are the main thread's: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def say(signum: int, frame: object) -> None:
+        print(note, file=sys.stderr, flush=True)
+
+    previous = {number: signal.signal(number, say) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def die_with_parent() -> None:
