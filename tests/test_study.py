@@ -218,6 +218,11 @@ def test_a_cell_that_fails_is_recorded_and_the_others_go_on(tmp_path):
          "study: keep one"),
         (("num_episodes = 2", 'num_episodes = 2\nvideo = "play.mp4"'), "cell hidden_size-16's "
          "evaluation: --video "),  # a check of the command's mode, not of its parser
+        # Each cell trained whole, then failed its evaluation for want of a checkpoint.
+        (("total_steps = 800", 'total_steps = 800\nmode = "eval"'), "the cells' training "
+         "sets mode, but each cell trains (--mode train), then is evaluated"),
+        (("hidden_size = [16, 32]", "hidden_size = [16, 32]\ndisable_checkpoint = [true]"),
+         "the cells' training sets disable_checkpoint, but each cell's evaluation plays"),
     ],
 )  # fmt: skip
 def test_what_no_cell_could_take_is_one_line_before_anything_runs(tmp_path, change, said):
@@ -315,8 +320,27 @@ def test_a_study_never_writes_into_another_studys_folder(tmp_path):
     assert run_study(write_study(tmp_path, "hidden_size = [16]")).returncode == 0
     other = run_study(write_study(tmp_path, "hidden_size = [32]"))  # same name, other grid
     assert other.returncode == 1
-    assert other.stderr.startswith("error: ") and "holds another study" in other.stderr
+    assert other.stderr.startswith("error: ")
+    assert "holds another study (its study.json has other axes)" in other.stderr
     assert [row["cell"] for row in table(tmp_path)] == ["hidden_size-16"]
+
+
+def test_a_study_whose_evaluation_changed_evaluates_its_finished_cells_again(tmp_path):
+    # "holds another study (its study.json has other flags or axes)", of flags and axes
+    # that had not changed: the cells could only be trained anew elsewhere.
+    path = write_study(tmp_path, "seed = [1, 2]")
+    assert run_study(path).returncode == 0
+    cell = tmp_path / "runs" / "grid" / "seed-1"
+    steps = json.loads((cell / "eval.json").read_text())["step"]
+    edit_study(path, "num_episodes = 2", "num_episodes = 3")
+    edit_study(path, "seed = [1, 2]", "seed = [2, 1]")  # an axis's values in another order
+    again = run_study(path)
+    assert again.returncode == 0, again.stderr
+    assert "finished before" not in again.stdout
+    report = json.loads((cell / "eval.json").read_text())
+    assert report["num_episodes"] == 3 and report["step"] == steps  # played, not trained
+    assert all(row["status"] == "finished" for row in table(tmp_path))
+    assert "finished before, skipped" in run_study(path).stdout  # and once is enough
 
 
 def test_a_damaged_study_json_is_one_line_and_is_left_as_it_is(tmp_path):

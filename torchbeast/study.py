@@ -197,8 +197,15 @@ class Cell:
         (self.folder / CELL_FLAGS).write_text(self.flags_text())
 
     def finished(self) -> bool:
-        """Trained to its steps and evaluated (a study run again skips it)."""
-        return self.state().get("status") == "finished" and (self.folder / "eval.json").exists()
+        """Trained to its steps and evaluated as the study evaluates now (a study run again
+        skips it; after its [eval] changed, it plays again)."""
+        state = self.state()
+        evaluated = state.get("evaluated", self.job().evaluation_record())  # older: as now
+        return (
+            state.get("status") == "finished"
+            and evaluated == self.job().evaluation_record()
+            and (self.folder / "eval.json").exists()
+        )
 
     def state(self) -> dict:
         return read_state(self.folder)
@@ -242,6 +249,10 @@ class CellJob:
         if self.random_words is not None:
             evaluations.append(("--mode", "eval", "--random_policy", *self.random_words))
         return evaluations
+
+    def evaluation_record(self) -> list[list[str]]:
+        """The evaluations' words as the cell's record keeps them (JSON: lists)."""
+        return [list(words) for words in self.evaluations()]
 
     def command(self, *extra: str) -> list[str]:
         config = str(self.folder / CELL_FLAGS)
@@ -311,6 +322,8 @@ def train_and_evaluate(
     else:
         status, error = "failed", last
     state = {"status": status, "error": error, "seconds": round(seconds, 1), **(where or {})}
+    if status == "finished":
+        state["evaluated"] = job.evaluation_record()  # [eval] changed: it plays again
     write_state(job.folder, state)
     return None if status == "stopped" else state
 
@@ -379,6 +392,13 @@ EVAL_OWN_KEYS = {
 }
 
 
+# Flags a study decides for its cells' training: in [flags] or an axis they would undo it.
+TRAINING_OWN_KEYS = {
+    "mode": "each cell trains (--mode train), then is evaluated",
+    "disable_checkpoint": "each cell's evaluation plays its checkpoint",
+}
+
+
 def check_values(
     path: str, flags: dict[str, object], axes: dict[str, list], eval_flags: dict[str, object]
 ) -> None:
@@ -409,6 +429,11 @@ def check_values(
             raise StudyError(f"{path}: {name} = {value!r}: {error}") from None
     if own := sorted(set(eval_flags) & set(EVAL_OWN_KEYS)):
         raise StudyError(f"{path}: [eval] sets {own[0]}, but {EVAL_OWN_KEYS[own[0]]}")
+    # The training's flags: [flags], then the axes' values (after [eval]'s in ``values``).
+    trained = set(flags) | {name for name, _ in values[len(flags) + len(eval_flags) :]}
+    if own := sorted(trained & set(TRAINING_OWN_KEYS)):
+        reason = TRAINING_OWN_KEYS[own[0]]
+        raise StudyError(f"{path}: the cells' training sets {own[0]}, but {reason}")
 
 
 def check_cells(path: str, study: Study) -> None:
@@ -516,17 +541,17 @@ def claim_folder(study: Study) -> Study:
     if spec_path.exists():
         try:
             recorded = json.loads(spec_path.read_text()).get("study")
-            recorded_axes = list(recorded["axes"])
+            recorded_axes = list(recorded["axes"].keys())  # a dict, as written
         except (ValueError, AttributeError, KeyError, TypeError, UnicodeDecodeError):
             raise StudyError(  # not JSON, or not ours
                 f"{spec_path} is damaged, so which study {folder} holds cannot be told: "
                 "restore it (a copy of it), or give this study another name or savedir"
             ) from None
-        if recorded != json.loads(json.dumps(study.spec())):
+        if differs := spec_differences(recorded, json.loads(json.dumps(study.spec()))):
             raise StudyError(
-                f"{folder} holds another study (its {SPEC_NAME} has other flags or axes): "
-                "give this study another name (name = ... in the file) or another savedir, "
-                f"or move {folder} away to start this one there anew"
+                f"{folder} holds another study (its {SPEC_NAME} has other {differs}): give "
+                "this study another name (name = ... in the file) or another savedir, or "
+                f"move {folder} away to start this one there anew"
             )
         study = dataclasses.replace(study, axes={axis: study.axes[axis] for axis in recorded_axes})
     elif folder.exists() and any(path.name != LOCK_NAME for path in folder.iterdir()):
@@ -536,6 +561,33 @@ def claim_folder(study: Study) -> Study:
         )
     folder.mkdir(parents=True, exist_ok=True)
     return study
+
+
+# What a study may change and stay the same study: how its cells are evaluated (finished
+# cells play again, ``Cell.finished``), not how they train.
+EVALUATION_KEYS = ("eval", "random_policy")
+
+
+def spec_differences(recorded: dict, spec: dict) -> str:
+    """What makes ``spec`` another study than the ``recorded`` one ("flags, axes"), or ""
+    for the same: an axis's values in another order are the same values."""
+
+    def as_set(values: list) -> list[str]:
+        return sorted(json.dumps(value, sort_keys=True) for value in values)
+
+    differs = []
+    for key in spec:
+        if key in EVALUATION_KEYS:
+            continue
+        if key == "axes":
+            same = {a: as_set(v) for a, v in recorded["axes"].items()} == {
+                a: as_set(v) for a, v in spec["axes"].items()
+            }
+        else:
+            same = recorded.get(key) == spec[key]
+        if not same:
+            differs.append("[resources]" if key == "resources" else key)
+    return ", ".join(differs)
 
 
 @contextlib.contextmanager
