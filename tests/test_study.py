@@ -555,3 +555,19 @@ def test_a_cell_whose_folder_cannot_be_written_fails_and_the_others_go_on(tmp_pa
     assert "seed-2: failed ([Errno 17] File exists" in done.stdout
     assert done.returncode == 1
     assert done.stderr.startswith("error: 2 of 2 cells failed: seed-1, seed-2 ")
+
+
+def test_a_console_that_goes_away_costs_no_cell(tmp_path):
+    # `study ... | head -1`: the next cell "failed" with "[Errno 32] Broken pipe" (it never
+    # ran), and the study stopped with the rest not run.
+    path = write_study(tmp_path, "seed = [1, 2]")
+    study = subprocess.Popen(
+        study_command(path), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert study.stdout.readline().startswith("Study grid: 2 cells")
+    study.stdout.close()  # as head does once it has its lines
+    _, stderr = study.communicate(timeout=300)
+    assert study.returncode == 0, stderr
+    assert [row["status"] for row in table(tmp_path)] == ["finished", "finished"]
+    assert "Broken pipe" not in stderr

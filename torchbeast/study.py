@@ -653,6 +653,16 @@ class LocalCells:
                 process.stop()
 
 
+def say(text: str) -> None:
+    """A line on the console; a console that went away (``| head``) costs no cell: the
+    table and each cell's log hold it all."""
+    try:
+        print(text, flush=True)
+    except OSError:  # BrokenPipeError: nobody reads it; the next lines (and the exit's
+        with contextlib.suppress(OSError):  # flush) go nowhere rather than fail
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 class Runner:
     """Hands cells to an executor, as many at a time as it takes; ``stop`` (Ctrl-C,
     SIGTERM) starts no more and asks the runs it trains to stop (they checkpoint)."""
@@ -674,7 +684,7 @@ class Runner:
 
     def say(self, text: str) -> None:
         with self.print_lock:
-            print(text, flush=True)
+            say(text)
 
     def run_cell(self, cell: Cell) -> None:
         if self.stopping.is_set():
@@ -703,7 +713,7 @@ class Runner:
         error = f" ({state['error']})" if state.get("error") else ""
         with self.print_lock:
             self.on_change(set(self.running))
-            print(f"{cell.name}: {state['status']}{where}{error}", flush=True)
+            say(f"{cell.name}: {state['status']}{where}{error}")
 
     def run(self, cells: list[Cell]) -> None:
         pool = concurrent.futures.ThreadPoolExecutor(self.executor.parallel)
@@ -846,9 +856,7 @@ def run_study(args: argparse.Namespace) -> tuple[Study, list[dict]]:
         try:
             with executor_for(study, args, len(cells)) as executor:
                 write_table(study, cells)  # the folder says what it holds from the start
-                print(
-                    f"Study {study.name}: {len(cells)} cells, {executor.where}, in {study.folder}"
-                )
+                say(f"Study {study.name}: {len(cells)} cells, {executor.where}, in {study.folder}")
                 Runner(executor, lambda running: write_table(study, cells, running)).run(cells)
         except KeyboardInterrupt:
             write_table(study, cells)
@@ -871,7 +879,7 @@ def main(argv: list[str] | None = None) -> int:
         print("stopped: run the same command to go on; finished cells are kept", file=sys.stderr)
         return 130
     failed = [row["cell"] for row in rows if row["status"] != "finished"]
-    print(f"Table: {study.folder / TABLE_NAME} ({len(rows)} cells)")
+    say(f"Table: {study.folder / TABLE_NAME} ({len(rows)} cells)")
     if failed:
         print(
             f"error: {len(failed)} of {len(rows)} cells failed: {', '.join(failed)} "
