@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -258,14 +259,14 @@ def test_a_study_with_its_axes_in_another_order_keeps_its_cells(tmp_path):
 
 
 def test_the_table_tells_a_running_cell_from_a_stopped_one(tmp_path):
-    from torchbeast.study import cell_row, claim_folder, read_study
+    from torchbeast.study import Progress, cell_row, claim_folder, read_study
 
     cell = claim_folder(read_study(write_study(tmp_path, "seed = [1]"))).cells()[0]
     assert cell_row(cell)["status"] == "not run"
     cell.folder.mkdir()
     (cell.folder / "logs.csv").write_text("# _tick,_time,step\n0,0.0,40\n")  # trained some
     # Cells still training beside the one that ended were listed as "stopped".
-    assert cell_row(cell, running={cell.name})["status"] == "running"
+    assert cell_row(cell, Progress(running={cell.name}))["status"] == "running"
     assert cell_row(cell)["status"] == "stopped"  # no record, and no command runs it
 
 
@@ -571,3 +572,19 @@ def test_a_console_that_goes_away_costs_no_cell(tmp_path):
     assert study.returncode == 0, stderr
     assert [row["status"] for row in table(tmp_path)] == ["finished", "finished"]
     assert "Broken pipe" not in stderr
+
+
+def test_a_cell_whose_folder_cannot_hold_its_record_is_failed_in_the_table(tmp_path):
+    # A file where the cell's folder goes: "failed" on the console, "not run" in the
+    # table, and the last line said its error was in the table.
+    path = write_study(tmp_path, "seed = [1, 2]")
+    assert run_study(path).returncode == 0
+    cell = tmp_path / "runs" / "grid" / "seed-1"
+    shutil.rmtree(cell)
+    cell.write_text("not a folder")
+    done = run_study(path)
+    assert done.returncode == 1
+    assert "seed-1 (their last error line is in the table" in done.stderr
+    first, second = table(tmp_path)
+    assert first["status"] == "failed" and "File exists" in first["error"]
+    assert second["status"] == "finished"

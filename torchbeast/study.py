@@ -663,20 +663,29 @@ def say(text: str) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+@dataclasses.dataclass
+class Progress:
+    """What the table says of this command's cells besides what their folders hold: which
+    run, and the record of each whose folder could not hold it (a file in its place)."""
+
+    running: set[str] = dataclasses.field(default_factory=set)
+    unrecorded: dict[str, dict] = dataclasses.field(default_factory=dict)
+
+
 class Runner:
     """Hands cells to an executor, as many at a time as it takes; ``stop`` (Ctrl-C,
     SIGTERM) starts no more and asks the runs it trains to stop (they checkpoint)."""
 
     def __init__(
-        self, executor: Executor, on_change: Callable[[set[str]], None] = lambda running: None
+        self, executor: Executor, on_change: Callable[[Progress], None] = lambda progress: None
     ):
         self.executor = executor
-        # E.g. rewrite the table, so that it shows progress: called with the cells running,
-        # as a cell starts and as it ends.
+        # E.g. rewrite the table, so that it shows progress: called as a cell starts and as
+        # it ends.
         self.on_change = on_change
         self.print_lock = threading.Lock()
         self.stopping = threading.Event()
-        self.running: set[str] = set()  # the names of the cells handed to the executor
+        self.progress = Progress()  # its running: the cells handed to the executor
 
     def stop(self) -> None:
         self.stopping.set()
@@ -693,26 +702,28 @@ class Runner:
             self.say(f"{cell.name}: finished before, skipped")
             return
         with self.print_lock:
-            self.running.add(cell.name)
+            self.progress.running.add(cell.name)
             with contextlib.suppress(OSError):  # the table says it runs (the end says why not)
-                self.on_change(set(self.running))
+                self.on_change(self.progress)
         try:
             cell.write_flags()
             self.say(f"{cell.name}: {self.executor.starting}")
             state = self.executor.run(cell)
         except OSError as error:  # its folder unwritable (a full disk): it fails, not the rest
             state = {**cell.state(), "status": "failed", "error": str(error)}
-            with contextlib.suppress(OSError):  # the same error again: the line below says it
+            try:
                 write_state(cell.folder, state)
+            except OSError:  # the same error again: the table holds it (and the line below)
+                self.progress.unrecorded[cell.name] = state
         finally:
             with self.print_lock:
-                self.running.discard(cell.name)
+                self.progress.running.discard(cell.name)
         if state is None:
             return  # stopped, not failed: the same command goes on with it
         where = f" on {state['node']}" if "node" in state else ""
         error = f" ({state['error']})" if state.get("error") else ""
         with self.print_lock:
-            self.on_change(set(self.running))
+            self.on_change(self.progress)
             say(f"{cell.name}: {state['status']}{where}{error}")
 
     def run(self, cells: list[Cell]) -> None:
@@ -734,10 +745,12 @@ class Runner:
         pool.shutdown(wait=True)
 
 
-def cell_row(cell: Cell, running: set[str] = frozenset()) -> dict[str, object]:
+def cell_row(cell: Cell, progress: Progress | None = None) -> dict[str, object]:
     """One row of the study's table: the cell's settings, how it ended (or "running",
-    where its name is in ``running``), what it learned."""
-    state = cell.state()
+    where ``progress`` runs it), what it learned."""
+    progress = progress or Progress()
+    running = progress.running
+    state = progress.unrecorded.get(cell.name) or cell.state()
     # A cell with logs and no record, not running, was stopped before it could write one
     # (a second Ctrl-C): it trained, it is not "not run".
     started = (cell.folder / LOGS_NAME).exists()
@@ -772,10 +785,10 @@ def cell_row(cell: Cell, running: set[str] = frozenset()) -> dict[str, object]:
     return row
 
 
-def write_table(study: Study, cells: list[Cell], running: set[str] = frozenset()) -> list[dict]:
-    """The study's table, CSV and JSON, in its folder (``running``: the cells this command
-    is running); returns its rows."""
-    rows = [cell_row(cell, running) for cell in cells]
+def write_table(study: Study, cells: list[Cell], progress: Progress | None = None) -> list[dict]:
+    """The study's table, CSV and JSON, in its folder (``progress``: this command's); returns
+    its rows."""
+    rows = [cell_row(cell, progress) for cell in cells]
     columns = list(dict.fromkeys(name for row in rows for name in row))
     with open(study.folder / TABLE_NAME, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, restval="")
@@ -852,16 +865,19 @@ def run_study(args: argparse.Namespace) -> tuple[Study, list[dict]]:
     check_cells(args.study, study)
     study = claim_folder(study)
     cells = study.cells()
+    progress = Progress()
     with only_run_of(study):
         try:
             with executor_for(study, args, len(cells)) as executor:
                 write_table(study, cells)  # the folder says what it holds from the start
                 say(f"Study {study.name}: {len(cells)} cells, {executor.where}, in {study.folder}")
-                Runner(executor, lambda running: write_table(study, cells, running)).run(cells)
+                runner = Runner(executor, lambda progress: write_table(study, cells, progress))
+                progress = runner.progress
+                runner.run(cells)
         except KeyboardInterrupt:
-            write_table(study, cells)
+            write_table(study, cells, progress)
             raise
-        return study, write_table(study, cells)
+        return study, write_table(study, cells, progress)
 
 
 def main(argv: list[str] | None = None) -> int:
