@@ -588,3 +588,26 @@ def test_a_cell_whose_folder_cannot_hold_its_record_is_failed_in_the_table(tmp_p
     first, second = table(tmp_path)
     assert first["status"] == "failed" and "File exists" in first["error"]
     assert second["status"] == "finished"
+
+
+@pytest.mark.parametrize(
+    "text, file_name, said",
+    [  # a traceback; an empty file trained Pong for 5M steps; "name 'my study'", unasked
+        (b'name = "caf\xe9"\n', "latin1.toml", "is not a study file: TOML is UTF-8 text"),
+        (b"", "empty.toml", "has no [flags] and no [axes]: nothing to study"),
+        (b"[flags]\nseed = 1\n", "my study.toml", "a study is named for its file, and 'my "
+         'study\' is no folder name (letters, digits, . _ -): rename the file, or give it name'),
+        (b'name = ".."\n[flags]\nseed = 1\n', "up.toml", "name '..' must be a folder name"),
+        # JSON's NaN in the cell's flags file: "not valid TOML", of a file the user never saw
+        (b"[axes]\nlearning_rate = [nan]\n", "nan.toml", "cell learning_rate-nan's training: "
+         "learning_rate = nan: must be a finite number > 0"),
+    ],
+)  # fmt: skip
+def test_a_study_file_no_study_can_come_from_is_one_line(tmp_path, text, file_name, said):
+    from torchbeast import study
+
+    path = tmp_path / file_name
+    path.write_bytes(text)
+    with pytest.raises(study.StudyError) as refused:
+        study.run_study(study.make_parser().parse_args([str(path), "--parallel", "1"]))
+    assert said in str(refused.value) and "\n" not in str(refused.value)

@@ -93,6 +93,8 @@ def test_asking_for_an_axis_the_study_lacks_is_one_line(tmp_path, capsys):
     error = capsys.readouterr().err.strip()
     axes = "hidden_size, fuel_multiplier, seed"
     assert error == f"error: width is not an axis of the study: its axes are {axes}"
+    assert study_plot.main([str(tmp_path), "--table", "seed", "seed"]) == 1  # a diagonal
+    assert capsys.readouterr().err.strip() == "error: --table seed seed: give two different axes"
 
 
 def test_figure_paths_must_be_pngs_and_a_heatmap_needs_its_table(tmp_path, capsys):
@@ -158,3 +160,31 @@ def test_a_table_of_a_study_with_proxies_shows_the_score_cells_under_each_return
     head, _, line = capsys.readouterr().out.splitlines()
     assert head.startswith(f"| {column}: seed \\ reward |")
     assert line == f"| 1 | {values} |"
+
+
+def test_a_damaged_study_json_is_one_line(tmp_path, capsys):
+    for damaged in ('{"foo": 1}', "[]", '{"study": {"axes": [1]}, "cells": []}'):
+        (tmp_path / "study.json").write_text(damaged)  # KeyError, TypeError tracebacks
+        assert study_plot.main([str(tmp_path)]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: {tmp_path / 'study.json'} is damaged: run the study again "
+                       "(python -m torchbeast.study FILE.toml) to write it anew from its "
+                       "cells' folders"]  # fmt: skip
+
+
+def test_a_study_under_way_has_its_curves_drawn(tmp_path, capsys):
+    # "no cell of the study has finished yet: nothing to draw", where the curves need only
+    # the cells' logs.
+    cell = row(64, 1.0, 1, 0.0, status="running")
+    write_study_folder(tmp_path, [cell])
+    logs = tmp_path / cell["cell"]
+    logs.mkdir()
+    (logs / "logs.csv").write_text(
+        "# _tick,_time,step,mean_episode_return,episodes\n"
+        + "".join(f"{t},{t}.0,{1000 * t},{t}.0,{t}\n" for t in range(1, 6))
+    )
+    assert study_plot.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"Learning curves: {tmp_path / 'curves.png'}" in out
+    assert "Capacity figure: none yet, as no cell has finished" in out
+    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")

@@ -337,6 +337,8 @@ def read_study(path: str) -> Study:
         raise StudyError(f"cannot read the study file {path} ({error.strerror or error})") from None
     except tomllib.TOMLDecodeError as error:
         raise StudyError(f"{path} is not valid TOML ({error})") from None
+    except UnicodeDecodeError:  # a binary file, or one saved in Latin-1
+        raise StudyError(f"{path} is not a study file: TOML is UTF-8 text") from None
     keys = {"runtime", "name", "random_policy", "flags", "axes", "eval", "resources"}
     unknown = set(table) - keys
     if unknown:
@@ -369,9 +371,18 @@ def read_study(path: str) -> Study:
         raise StudyError(f"{path}: {overlap[0]} is both a flag and an axis: keep one")
     eval_flags = {name.replace("-", "_"): value for name, value in table.get("eval", {}).items()}
     check_values(path, flags, axes, eval_flags)
+    if not flags and not axes:  # an empty file trained Pong for 5M steps
+        raise StudyError(f"{path} has no [flags] and no [axes]: nothing to study")
     name = table.get("name", Path(path).stem)
-    if not re.fullmatch(r"[\w.\-]+", str(name)):
-        raise StudyError(f"{path}: name {name!r} must be a folder name (letters, digits, . _ -)")
+    if not re.fullmatch(r"[\w.\-]+", str(name)) or name in (".", ".."):
+        if "name" in table:
+            raise StudyError(
+                f"{path}: name {name!r} must be a folder name (letters, digits, . _ -)"
+            )
+        raise StudyError(  # the user gave no name: say where this one came from
+            f"{path}: a study is named for its file, and {name!r} is no folder name "
+            '(letters, digits, . _ -): rename the file, or give it name = "..."'
+        )
     resources = read_resources(path, table)
     if unset := unset_variable(str(flags.get("savedir", ""))):
         raise StudyError(
@@ -516,6 +527,8 @@ def toml_value(value: object) -> str:
     """A flag's value as TOML (a study's values are strings, numbers and booleans)."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # TOML's nan, inf, -inf (JSON's NaN is no TOML)
     if isinstance(value, (int, float, str)):
         return json.dumps(value)
     raise StudyError("not a flag value: use a string, a number or true/false")

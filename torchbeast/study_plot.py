@@ -54,10 +54,17 @@ def load_study(path: str) -> tuple[Path, dict, list[dict]]:
             f"no study table in {folder} ({SPEC_NAME}): run the study first "
             "(python -m torchbeast.study FILE.toml)"
         ) from None
-    study = spec["study"]
-    # Named sets of flags as the table shows them: by their names.
-    study["axes"] = {axis: [label(v) for v in values] for axis, values in study["axes"].items()}
-    return folder, study, with_true_returns(spec["cells"])
+    try:
+        study, cells = spec["study"], list(spec["cells"])
+        # Named sets of flags as the table shows them: by their names.
+        study["axes"] = {axis: [label(v) for v in vs] for axis, vs in study["axes"].items()}
+        rows = with_true_returns(cells)
+    except (KeyError, TypeError, AttributeError):
+        raise StudyError(
+            f"{folder / SPEC_NAME} is damaged: run the study again (python -m "
+            "torchbeast.study FILE.toml) to write it anew from its cells' folders"
+        ) from None
+    return folder, study, rows
 
 
 def with_true_returns(rows: list[dict]) -> list[dict]:
@@ -331,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         folder, study, rows = load_study(args.study)
         if args.table:
             down, across = args.table
+            if down == across:  # a diagonal table, every other cell empty
+                raise StudyError(f"--table {down} {across}: give two different axes")
             for axis in (down, across):
                 if axis not in study["axes"]:
                     raise StudyError(
@@ -357,8 +366,12 @@ def main(argv: list[str] | None = None) -> int:
         for flag_name, path in (("--out", out), ("--curves", curves)):
             if problem := unwritable(str(path), flag_name):
                 raise StudyError(problem)
-        print(f"Capacity figure: {capacity_figure(study, rows, capacity, out)}")
+        # The curves first: they need only the cells' logs, and a study under way has them.
         print(f"Learning curves: {curves_figure(folder, rows, curves)}")
+        if any(row.get("status") == "finished" for row in rows):
+            print(f"Capacity figure: {capacity_figure(study, rows, capacity, out)}")
+        else:
+            print("Capacity figure: none yet, as no cell has finished (trained and evaluated)")
     except StudyError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
