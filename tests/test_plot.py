@@ -285,6 +285,28 @@ def test_main_folder_without_logs_exits_2_naming_how_to_train(tmp_path, capsys):
     assert "python -m torchbeast.monobeast --xpid empty" in err
 
 
+def test_a_studys_folder_is_told_apart_from_a_run_and_its_latest_link_drawn_once(tmp_path, capsys):
+    (tmp_path / "study.json").write_text("{}")  # "train first with ... --xpid study"
+    assert plot.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: {tmp_path} holds a study, not a run: draw it with python -m "
+        f"torchbeast.study_plot {tmp_path}, or pass its cells' folders ({tmp_path}/*/)"
+    ]
+    # The glob of a savedir's folders takes the latest link too: "two runs have the same
+    # label", of one run given twice.
+    write_run(tmp_path, "a")
+    write_run(tmp_path, "b")
+    (tmp_path / "latest").symlink_to("b")
+    out = tmp_path / "cells.png"
+    paths = [str(tmp_path / name) for name in ("a", "b", "latest")]
+    assert plot.main([*paths, "--out", str(out)]) == 0
+    assert_is_png_figure(out)
+    twice = ["--label", "x", "--label", "x"]
+    assert plot.main([*paths[:2], *twice, "--out", str(out)]) == 2
+    assert "two runs have the label x: name them apart" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("smooth", ["0", "-3"])
 def test_main_rejects_smooth_below_one(tmp_path, capsys, smooth):
     write_run(tmp_path, "run")
@@ -381,7 +403,7 @@ def test_label_names_each_run_in_the_order_given(tmp_path, capsys):
     write_run(tmp_path / "a", "run"), write_run(tmp_path / "b", "run")
     # Two folders of one name: the legend could not tell them apart.
     assert plot.main([str(first), str(second)]) == 2
-    assert "same label" in capsys.readouterr().err
+    assert "two runs have the label run: name them apart" in capsys.readouterr().err
     assert plot.main([str(first), str(second), "--label", "seed 1"]) == 2
     assert "1 --label for 2 runs" in capsys.readouterr().err
     out = tmp_path / "both.png"

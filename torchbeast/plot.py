@@ -40,6 +40,7 @@ from torchbeast.curves import (
     smooth,
     sps_curve,
 )
+from torchbeast.study import SPEC_NAME
 
 DEFAULT_SAVEDIR = "~/logs/torchbeast"
 DEFAULT_SMOOTH = 1  # the 100-episode mean needs none
@@ -143,7 +144,15 @@ def _resolve_runs(paths: list[str], xpids: list[str], savedir: str) -> list[Run]
                 f"(default {DEFAULT_SAVEDIR}), or pass the run's folder as a path"
             )
         runs.append(Run(xpid, folder, folder / LOGS_NAME))
-    return runs
+    # One run given twice (the ``latest`` link beside the run it names, in a glob of a
+    # savedir's folders) is drawn once.
+    seen: set[Path] = set()
+    unique = []
+    for run in runs:
+        if run.logs_path.resolve() not in seen:
+            seen.add(run.logs_path.resolve())
+            unique.append(run)
+    return unique
 
 
 def _file_label(path: Path) -> str:
@@ -159,6 +168,11 @@ def _file_label(path: Path) -> str:
 
 def _load(run: Run) -> dict[str, np.ndarray]:
     """Read a run's logs, turning user-fixable problems into PlotError."""
+    if not run.logs_path.is_file() and (run.folder / SPEC_NAME).is_file():
+        raise PlotError(
+            f"{run.folder} holds a study, not a run: draw it with python -m "
+            f"torchbeast.study_plot {run.folder}, or pass its cells' folders ({run.folder}/*/)"
+        )
     if not run.logs_path.is_file():
         raise PlotError(
             f"no {LOGS_NAME} in {run.folder}: train first with "
@@ -251,9 +265,12 @@ def main(argv: list[str] | None = None) -> int:
                 dataclasses.replace(run, label=label)
                 for run, label in zip(runs, args.label, strict=True)
             ]
+        labels = [run.label for run in runs]
+        if twice := next((label for label in labels if labels.count(label) > 1), None):
+            raise PlotError(
+                f"two runs have the label {twice}: name them apart with --label (one per run)"
+            )
         logs = {run.label: _load(run) for run in runs}
-        if len(logs) < len(runs):
-            raise PlotError("two runs have the same label: name them apart with --label")
         if args.out is not None:
             out = Path(args.out).expanduser()
         elif len(runs) == 1:
