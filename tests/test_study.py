@@ -219,6 +219,8 @@ def test_a_cell_that_fails_is_recorded_and_the_others_go_on(tmp_path):
          "study: keep one"),
         (("num_episodes = 2", 'num_episodes = 2\nvideo = "play.mp4"'), "cell hidden_size-16's "
          "evaluation: --video "),  # a check of the command's mode, not of its parser
+        (("num_episodes = 2", 'num_episodes = 2\nvideo = "/tmp/play.gif"'), "[eval] video = "
+         "'/tmp/play.gif': each cell records its own, in its folder"),  # all in one file
         # Each cell trained whole, then failed its evaluation for want of a checkpoint.
         (("total_steps = 800", 'total_steps = 800\nmode = "eval"'), "the cells' training "
          "sets mode, but each cell trains (--mode train), then is evaluated"),

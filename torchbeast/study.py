@@ -181,8 +181,7 @@ class Cell:
         ``<stem>_random``): each evaluation's video of its own."""
         flags = dict(self.study.eval_flags)
         if "video" in flags:
-            video = Path(expand_savedir(str(flags["video"])))
-            video = video if video.is_absolute() else self.folder / video
+            video = self.folder / Path(str(flags["video"]))  # read_study refuses others
             if random:
                 video = video.with_name(f"{video.stem}_random{video.suffix}")
             flags["video"] = str(video)
@@ -440,6 +439,12 @@ def check_values(
             raise StudyError(f"{path}: {name} = {value!r}: {error}") from None
     if own := sorted(set(eval_flags) & set(EVAL_OWN_KEYS)):
         raise StudyError(f"{path}: [eval] sets {own[0]}, but {EVAL_OWN_KEYS[own[0]]}")
+    video = str(eval_flags.get("video", ""))
+    if Path(expand_savedir(video)).is_absolute() or ".." in Path(video).parts:
+        raise StudyError(  # every cell's video was written to the one file, each over the last
+            f"{path}: [eval] video = {video!r}: each cell records its own, in its folder: "
+            'give a file name, e.g. video = "play.gif"'
+        )
     # The training's flags: [flags], then the axes' values (after [eval]'s in ``values``).
     trained = set(flags) | {name for name, _ in values[len(flags) + len(eval_flags) :]}
     if own := sorted(trained & set(TRAINING_OWN_KEYS)):
