@@ -613,3 +613,20 @@ def test_a_study_file_no_study_can_come_from_is_one_line(tmp_path, text, file_na
     with pytest.raises(study.StudyError) as refused:
         study.run_study(study.make_parser().parse_args([str(path), "--parallel", "1"]))
     assert said in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_video_of_an_env_that_cannot_draw_is_refused_before_anything_trains(tmp_path):
+    # Every cell trained whole, then failed its evaluation on the video.
+    from torchbeast import study
+
+    path = write_study(tmp_path, "seed = [1, 2]")
+    edit_study(path, 'env = "CartPole-v1"', 'env = "torchbeast/PixelCue-v0"')
+    edit_study(path, "num_episodes = 2", 'num_episodes = 2\nvideo = "play.gif"')
+    with pytest.raises(study.StudyError) as refused:
+        study.run_study(study.make_parser().parse_args([path, "--parallel", "1"]))
+    assert str(refused.value) == (
+        f"{path}: cell seed-1's evaluation: [eval] video: torchbeast/PixelCue-v0 cannot draw "
+        "itself (its render modes are []): --video and --mode test_render need an env that "
+        "renders; play it with --mode test or eval without them"
+    )
+    assert not (tmp_path / "runs" / "grid").exists()

@@ -54,7 +54,7 @@ import time
 import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from torchbeast.config.argparser import FlagParser
 from torchbeast.config.resolvers import default_layout, expand_savedir, unset_variable
@@ -66,6 +66,9 @@ from torchbeast.runtime.processes import (
     sigterm_as_ctrl_c,
 )
 from torchbeast.runtime.registry import RUNTIMES
+
+if TYPE_CHECKING:
+    from torchbeast.envs.settings import EnvSettings
 
 SPEC_NAME = "study.json"  # in the study's folder: what the study is, and its table
 TABLE_NAME = "study.csv"
@@ -459,6 +462,7 @@ def check_cells(path: str, study: Study) -> None:
     from torchbeast.cli import parse_command  # noqa: PLC0415 - only here
     from torchbeast.config.parsers import make_runtime_parser  # noqa: PLC0415
 
+    drawn: set[str] = set()  # the envs whose pictures --video was seen to take
     with tempfile.TemporaryDirectory() as folder:
         flags_file = Path(folder) / CELL_FLAGS
         for cell in study.cells():
@@ -480,12 +484,35 @@ def check_cells(path: str, study: Study) -> None:
                 try:
                     with contextlib.redirect_stderr(refused):
                         # Its folder is made later: its --video's folder too.
-                        parse_command(parser, command[3:], study.runtime, check_files=False)
+                        settings = parse_command(
+                            parser, command[3:], study.runtime, check_files=False
+                        )
                 except SystemExit:
                     line = refused.getvalue().strip().splitlines()[-1]
                     reason = line.partition(" error: ")[2].rpartition("; see ")[0] or line
                     reason = reason.replace(f"--config {flags_file}: ", "")  # a passing file
                     raise StudyError(f"{path}: cell {cell.name}'s {what}: {reason}") from None
+                if what == "training":
+                    trained_env = settings.env
+            if "video" in study.eval_flags and trained_env.env not in drawn:
+                check_draws(path, cell, trained_env)
+                drawn.add(trained_env.env)
+
+
+def check_draws(path: str, cell: Cell, env: EnvSettings) -> None:
+    """Refuses a [eval] video of an env that cannot draw itself here (classic control
+    without pygame, an env without render modes): each cell trained, then failed."""
+    from torchbeast import envs, video  # noqa: PLC0415 - only here, and only for a video
+
+    try:
+        drawing = envs.create_env(env, num_envs=1, render="rgb_array")
+        try:
+            drawing.reset(seed=0)
+            video.as_picture(drawing.frame())
+        finally:
+            drawing.close()
+    except Exception as error:  # the one line its evaluation would have ended with
+        raise StudyError(f"{path}: cell {cell.name}'s evaluation: [eval] video: {error}") from None
 
 
 def refuse_shared_folders(path: str, cells: list[Cell]) -> None:
