@@ -236,9 +236,11 @@ def test_a_mode_other_than_training_is_refused(capsys):
     from torchbeast.bench import main
 
     # It trained and measured as ever, exit 0.
-    assert main([*SMALL, "--mode", "test"]) == 2
-    assert capsys.readouterr().err.strip() == (
-        "error: --mode test: the benchmark measures training; leave out --mode"
+    with pytest.raises(SystemExit) as refused:
+        main([*SMALL, "--mode", "test"])
+    assert refused.value.code == 2
+    assert "error: --mode test: the benchmark measures training; leave out --mode" in (
+        capsys.readouterr().err
     )
 
 

@@ -256,7 +256,8 @@ def test_an_episode_extra_that_misses_an_env_or_is_not_finite_is_refused():
 @pytest.mark.parametrize(
     "names, error",
     [
-        (["return"], "clash with the rollout's episode_return"),
+        (["return"], "'return' would clash with a figure of torchbeast's own"),
+        (["length"], "'length' would clash with a figure of torchbeast's own"),
         (["a,b"], "is not a name"),
         (["coins", "coins"], "name one figure twice"),
         ([f"x{i}" for i in range(17)], "at most 16 episode extras"),

@@ -132,6 +132,12 @@ def make_bench_parser(runtimes: list[str]) -> argparse.ArgumentParser:
             return resolve_num_buffers(flags, parser, sources)
         return {}
 
-    parser.resolvers.insert(0, refuse_other_runtimes_flags)
+    def refuse_other_modes(flags: argparse.Namespace, parser, sources) -> dict:
+        """--mode test or eval: it trained and measured as ever, exit 0."""
+        if flags.mode != "train":  # before the run folder's resolver asks for a run to play
+            parser.error(f"--mode {flags.mode}: the benchmark measures training; leave out --mode")
+        return {}
+
+    parser.resolvers[:0] = [refuse_other_modes, refuse_other_runtimes_flags]
     parser.resolvers.append(resolve_num_buffers_where_kept)
     return parser
