@@ -333,6 +333,16 @@ class ClashingFamily(EnvFamily):
         return False
 
 
+class BadPresetFamily(EnvFamily):
+    name = "BadPreset"
+
+    def takes(self, env_id, spec):
+        return env_id == "CartPole-v1"
+
+    def presets(self, env_id, given):
+        return [Preset("BadPreset", {"learning_rate": "fast"}, "none")]
+
+
 class RaisingFamily(EnvFamily):
     name = "Raising"
 
@@ -419,6 +429,18 @@ def test_a_plugin_that_declares_a_flag_of_ours_is_one_line_naming_it(plugin_path
             "--learning_rate, which torchbeast's own settings declare: rename its flag, or "
             "uninstall its package"
         ]
+
+
+def test_a_plugin_preset_of_a_value_its_flag_does_not_take_names_the_preset(plugin_path):
+    # "argument --learning_rate: invalid positive_float value: 'fast'", of a flag not given.
+    add_entry_point(plugin_path, "badpreset = corridors:BadPresetFamily")
+    result = run_with(plugin_path, "torchbeast.monobeast", "--env", "CartPole-v1")
+    assert result.returncode == 2
+    assert (
+        "error: the preset BadPreset sets --learning_rate 'fast', which it does not take "
+        "(could not convert string to float: 'fast'): the env family's preset is wrong; "
+        "--no_presets leaves presets out"
+    ) in result.stderr
 
 
 def test_a_plugin_whose_takes_raises_is_left_out_and_the_run_goes_on(tmp_path, plugin_path):

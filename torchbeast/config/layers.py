@@ -139,8 +139,26 @@ def presets_for(
     for preset in presets:
         for name, value in preset.flags.items():
             if name in actions:
+                check_preset_value(preset, name, value, actions[name], parser)
                 values[name], sources[name] = value, f"preset {preset.scope}"
     return values, sources
+
+
+def check_preset_value(
+    preset: Preset, name: str, value: object, action: argparse.Action, parser
+) -> None:
+    """Refuses a preset's value its flag does not take, naming the preset: the parser
+    would blame the flag (``argument --learning_rate: invalid ... value``), never given."""
+    try:
+        if isinstance(value, str) and action.type is not None:
+            action.type(value)
+        if action.choices is not None and value not in action.choices:
+            raise ValueError(f"not one of {', '.join(map(str, action.choices))}")
+    except (ValueError, TypeError, argparse.ArgumentTypeError) as error:
+        parser.error(
+            f"the preset {preset.scope} sets --{name} {value!r}, which it does not take "
+            f"({error}): the env family's preset is wrong; --no_presets leaves presets out"
+        )
 
 
 def parse_in_layers(
