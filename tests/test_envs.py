@@ -363,11 +363,25 @@ def test_an_episode_extra_missing_from_the_steps_info_is_one_clear_error():
 # extra named "length" overwrote mean_episode_length, one named "episode_length" or
 # "return_per_step" was dropped from eval.json.
 @pytest.mark.parametrize(
-    "name", ["step", "return", "length", "episode_length", "proxy_return", "return_per_step"]
+    "name",
+    [
+        "step",
+        "return",
+        "length",
+        "episode_length",
+        "proxy_return",
+        "return_per_step",
+        "true_return_per_step",
+    ],
 )
 def test_an_episode_extra_that_would_clash_with_a_figure_of_ours_is_refused(name):
     with pytest.raises(EnvError, match=f"extra '{name}' would clash with a figure of torchbeast"):
         coins_env_declaring({name: "coins_this_step"})
+
+
+def test_an_episode_extra_per_step_of_its_own_is_a_name_like_any():
+    env = coins_env_declaring({"collisions_per_step": "coins_this_step"})  # no return's
+    assert env.spec.episode_extras == ("collisions_per_step",)
 
 
 def test_a_discrete_space_that_starts_elsewhere_gets_its_own_actions():

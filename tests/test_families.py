@@ -333,6 +333,19 @@ class ClashingFamily(EnvFamily):
         return False
 
 
+@dataclasses.dataclass(frozen=True)
+class MazeOptions:
+    corridor_length: int = flag(4, "The corridor family's flag's name.")
+
+
+class MazeFamily(EnvFamily):
+    name = "Maze"
+    options = MazeOptions
+
+    def takes(self, env_id, spec):
+        return False
+
+
 class BadPresetFamily(EnvFamily):
     name = "BadPreset"
 
@@ -429,6 +442,36 @@ def test_a_plugin_that_declares_a_flag_of_ours_is_one_line_naming_it(plugin_path
             "--learning_rate, which torchbeast's own settings declare: rename its flag, or "
             "uninstall its package"
         ]
+
+
+def test_a_plugin_whose_takes_raises_for_its_own_env_says_so(tmp_path, plugin_path):
+    # Left out, its Corridor-v0 trained on the generic family: the default length, without
+    # its preset, and --corridor_length unread.
+    entry_points = os.path.join(plugin_path, "corridors-0.1.dist-info", "entry_points.txt")
+    with open(entry_points, "w") as f:  # asked before the family that takes Corridor-v0
+        f.write("[torchbeast.env_families]\nraising = corridors:RaisingFamily\n")
+        f.write("corridor = corridors:CorridorFamily\n")
+    result = run_with(
+        plugin_path, "torchbeast.monobeast", "--env", "Corridor-v0", "--savedir", str(tmp_path)
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: env family 'Raising' (entry point corridors:RaisingFamily) failed to tell "
+        "whether it takes 'Corridor-v0': RuntimeError: the family's index is missing; fix or "
+        "reinstall its package"
+    )
+
+
+def test_two_plugins_that_declare_one_flag_are_both_named(plugin_path):
+    # "... which torchbeast's own settings declare": it was the other plug-in's.
+    add_entry_point(plugin_path, "maze = corridors:MazeFamily")
+    result = run_with(plugin_path, "torchbeast.monobeast", "--help")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "error: env family 'Maze' (entry point corridors:MazeFamily) declares "
+        "--corridor_length, which env family 'Corridor' (entry point "
+        "corridors:CorridorFamily) declares too: rename its flag, or uninstall its package"
+    )
 
 
 def test_a_plugin_preset_of_a_value_its_flag_does_not_take_names_the_preset(plugin_path):

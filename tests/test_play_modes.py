@@ -174,3 +174,17 @@ def test_greedy_games_that_are_one_game_are_said_and_sample_actions_varies_them(
     assert lengths[0] == lengths[1] and len(set(lengths[0])) > 1
     trained = monobeast(tmp_path, *TRAIN[2:], *env, "--xpid", "b", "--sample_actions")
     assert trained.returncode == 2 and "training always samples" in trained.stderr
+    random = monobeast(tmp_path, *play, "--sample_actions", "--random_policy")
+    assert random.returncode == 2 and "--random_policy plays none" in random.stderr
+
+
+def test_games_alike_in_their_figures_are_one_game_only_if_their_actions_were_alike():
+    from torchbeast.evaluation import Episode, one_game
+
+    # A solved CartPole scores 500 in every game, from other starts: it was told that its
+    # env and policy were deterministic.
+    solved = [Episode(500.0, {}, 500, actions=digest) for digest in ("a1", "b2")]
+    assert not one_game(solved)
+    assert one_game([Episode(500.0, {}, 500, actions="a1")] * 3)
+    assert not one_game([Episode(500.0, {}, 500, actions="a1")])  # one game is no repeat
+    assert not one_game([Episode(1.0, {}, 9, actions="a1"), Episode(2.0, {}, 9, actions="a1")])

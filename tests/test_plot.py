@@ -302,6 +302,9 @@ def test_a_studys_folder_is_told_apart_from_a_run_and_its_latest_link_drawn_once
     paths = [str(tmp_path / name) for name in ("a", "b", "latest")]
     assert plot.main([*paths, "--out", str(out)]) == 0
     assert_is_png_figure(out)
+    # Given labels, each path is drawn as given: "2 --label for 1 runs" of two paths.
+    labels = ["--label", "first", "--label", "second"]
+    assert plot.main([paths[1], paths[2], *labels, "--out", str(out)]) == 0
     twice = ["--label", "x", "--label", "x"]
     assert plot.main([*paths[:2], *twice, "--out", str(out)]) == 2
     assert "two runs have the label x: name them apart" in capsys.readouterr().err

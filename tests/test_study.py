@@ -223,9 +223,10 @@ def test_a_cell_that_fails_is_recorded_and_the_others_go_on(tmp_path):
          "'/tmp/play.gif': each cell records its own, in its folder"),  # all in one file
         # Each cell trained whole, then failed its evaluation for want of a checkpoint.
         (("total_steps = 800", 'total_steps = 800\nmode = "eval"'), "the cells' training "
-         "sets mode, but each cell trains (--mode train), then is evaluated"),
+         'sets mode = "eval", but each cell trains (--mode train), then is evaluated'),
         (("hidden_size = [16, 32]", "hidden_size = [16, 32]\ndisable_checkpoint = [true]"),
-         "the cells' training sets disable_checkpoint, but each cell's evaluation plays"),
+         "the cells' training sets disable_checkpoint = true, but each cell's evaluation "
+         "plays"),
     ],
 )  # fmt: skip
 def test_what_no_cell_could_take_is_one_line_before_anything_runs(tmp_path, change, said):
@@ -574,6 +575,32 @@ def test_a_console_that_goes_away_costs_no_cell(tmp_path):
     assert study.returncode == 0, stderr
     assert [row["status"] for row in table(tmp_path)] == ["finished", "finished"]
     assert "Broken pipe" not in stderr
+
+
+def test_a_finished_cell_of_an_earlier_release_is_evaluated_again_after_eval_changed(tmp_path):
+    # Its record names no evaluations: it was taken as evaluated as the file now says.
+    path = write_study(tmp_path, "seed = [1]")
+    assert run_study(path).returncode == 0
+    record = tmp_path / "runs" / "grid" / "seed-1" / "study_cell.json"
+    state = json.loads(record.read_text())
+    del state["evaluated"]
+    record.write_text(json.dumps(state))
+    edit_study(path, "num_episodes = 2", "num_episodes = 3")
+    assert run_study(path).returncode == 0
+    report = json.loads((record.parent / "eval.json").read_text())
+    assert report["num_episodes"] == 3
+
+
+def test_legitimate_values_of_the_studys_own_flags_and_a_video_folder_are_taken(tmp_path):
+    from torchbeast.study import claim_folder, read_study
+
+    # Refused by name: "the cells' training sets disable_checkpoint", of false.
+    path = write_study(tmp_path, "disable_checkpoint = [false]")
+    edit_study(path, "total_steps = 800", 'total_steps = 800\nmode = "train"')
+    edit_study(path, "num_episodes = 2", 'num_episodes = 2\nvideo = "clips/../clips/play.gif"')
+    cell = claim_folder(read_study(path)).cells()[0]
+    cell.write_flags()  # its video's folder too: the evaluation failed after training
+    assert (cell.folder / "clips").is_dir()
 
 
 def test_a_cell_whose_folder_cannot_hold_its_record_is_failed_in_the_table(tmp_path):

@@ -163,7 +163,10 @@ def test_a_table_of_a_study_with_proxies_shows_the_score_cells_under_each_return
 
 
 def test_a_damaged_study_json_is_one_line(tmp_path, capsys):
-    for damaged in ('{"foo": 1}', "[]", '{"study": {"axes": [1]}, "cells": []}'):
+    for damaged in (
+        '{"foo": 1}', "[]", '{"study": {"axes": [1]}, "cells": []}',
+        '{"study": {"axes": {}}, "cells": [{}]}',
+    ):  # fmt: skip
         (tmp_path / "study.json").write_text(damaged)  # KeyError, TypeError tracebacks
         assert study_plot.main([str(tmp_path)]) == 1
         err = capsys.readouterr().err.strip().splitlines()

@@ -107,6 +107,8 @@ def parse_command(
         parser.error("--random_policy plays in --mode test and eval; it does not train")
     if settings.run.sample_actions and mode == "train":
         parser.error("--sample_actions plays in --mode test and eval; training always samples")
+    if settings.run.sample_actions and settings.run.random_policy:
+        parser.error("--sample_actions draws the model's actions; --random_policy plays none")
     if mode == "train" and sources.get("num_episodes") == COMMAND_LINE:
         parser.error(  # a user may expect training to stop after so many episodes
             "--num_episodes counts the games of --mode test and eval; training stops at "

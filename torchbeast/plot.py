@@ -144,8 +144,12 @@ def _resolve_runs(paths: list[str], xpids: list[str], savedir: str) -> list[Run]
                 f"(default {DEFAULT_SAVEDIR}), or pass the run's folder as a path"
             )
         runs.append(Run(xpid, folder, folder / LOGS_NAME))
-    # One run given twice (the ``latest`` link beside the run it names, in a glob of a
-    # savedir's folders) is drawn once.
+    return runs
+
+
+def once_each(runs: list[Run]) -> list[Run]:
+    """One run given twice (the ``latest`` link beside the run it names, in a glob of a
+    savedir's folders) drawn once; runs given labels are drawn as given."""
     seen: set[Path] = set()
     unique = []
     for run in runs:
@@ -255,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.smooth < 1:
             raise PlotError(f"--smooth must be at least 1, got {args.smooth}")
         runs = _resolve_runs(args.paths, args.xpid, args.savedir)
+        if not args.label:
+            runs = once_each(runs)
         if args.label:
             if len(args.label) != len(runs):
                 raise PlotError(

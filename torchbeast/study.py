@@ -197,12 +197,14 @@ class Cell:
     def write_flags(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / CELL_FLAGS).write_text(self.flags_text())
+        if "video" in self.study.eval_flags:  # "clips/play.gif": its folder, in the cell's
+            Path(self.eval_flags()["video"]).parent.mkdir(parents=True, exist_ok=True)
 
     def finished(self) -> bool:
         """Trained to its steps and evaluated as the study evaluates now (a study run again
         skips it; after its [eval] changed, it plays again)."""
         state = self.state()
-        evaluated = state.get("evaluated", self.job().evaluation_record())  # older: as now
+        evaluated = state.get("evaluated")  # (``record_earlier_evaluations`` for older ones)
         return (
             state.get("status") == "finished"
             and evaluated == self.job().evaluation_record()
@@ -405,10 +407,14 @@ EVAL_OWN_KEYS = {
 }
 
 
-# Flags a study decides for its cells' training: in [flags] or an axis they would undo it.
+# Flags a study decides for its cells' training, with the values that would undo it (in
+# [flags] or an axis), and why.
 TRAINING_OWN_KEYS = {
-    "mode": "each cell trains (--mode train), then is evaluated",
-    "disable_checkpoint": "each cell's evaluation plays its checkpoint",
+    "mode": (lambda value: value != "train", "each cell trains (--mode train), then is evaluated"),
+    "disable_checkpoint": (
+        lambda value: value is True,
+        "each cell's evaluation plays its checkpoint",
+    ),
 }
 
 
@@ -442,27 +448,33 @@ def check_values(
             raise StudyError(f"{path}: {name} = {value!r}: {error}") from None
     if own := sorted(set(eval_flags) & set(EVAL_OWN_KEYS)):
         raise StudyError(f"{path}: [eval] sets {own[0]}, but {EVAL_OWN_KEYS[own[0]]}")
-    video = str(eval_flags.get("video", ""))
-    if Path(expand_savedir(video)).is_absolute() or ".." in Path(video).parts:
+    video = os.path.normpath(expand_savedir(str(eval_flags.get("video", "."))))
+    if os.path.isabs(video) or video.split(os.sep)[0] == "..":
         raise StudyError(  # every cell's video was written to the one file, each over the last
-            f"{path}: [eval] video = {video!r}: each cell records its own, in its folder: "
+            f"{path}: [eval] video = {eval_flags['video']!r}: each cell records its own, in "
+            "its folder: "
             'give a file name, e.g. video = "play.gif"'
         )
     # The training's flags: [flags], then the axes' values (after [eval]'s in ``values``).
-    trained = set(flags) | {name for name, _ in values[len(flags) + len(eval_flags) :]}
-    if own := sorted(trained & set(TRAINING_OWN_KEYS)):
-        reason = TRAINING_OWN_KEYS[own[0]]
-        raise StudyError(f"{path}: the cells' training sets {own[0]}, but {reason}")
+    trained = [*flags.items(), *values[len(flags) + len(eval_flags) :]]
+    for name, value in trained:
+        undoes, reason = TRAINING_OWN_KEYS.get(name, (lambda value: False, ""))
+        if undoes(value):
+            raise StudyError(
+                f"{path}: the cells' training sets {name} = {toml_value(value)}, but {reason}"
+            )
 
 
-def check_cells(path: str, study: Study) -> None:
+def check_cells(path: str, study: Study, draws_here: bool = True) -> None:
     """Parses each cell's commands, its training's and its evaluations', as its runs will,
     before any runs: a flag a run refuses is one line now, not a failed cell after others
-    trained (and a study that, fixed, is another study)."""
+    trained (and a study that, fixed, is another study). ``draws_here``: the cells run on
+    this machine, so that an [eval] video's env is seen to draw here (a cluster's nodes may
+    have what this machine lacks)."""
     from torchbeast.cli import parse_command  # noqa: PLC0415 - only here
     from torchbeast.config.parsers import make_runtime_parser  # noqa: PLC0415
 
-    drawn: set[str] = set()  # the envs whose pictures --video was seen to take
+    drawn: set[EnvSettings] = set()  # the envs whose pictures --video was seen to take
     with tempfile.TemporaryDirectory() as folder:
         flags_file = Path(folder) / CELL_FLAGS
         for cell in study.cells():
@@ -494,9 +506,12 @@ def check_cells(path: str, study: Study) -> None:
                     raise StudyError(f"{path}: cell {cell.name}'s {what}: {reason}") from None
                 if what == "training":
                     trained_env = settings.env
-            if "video" in study.eval_flags and trained_env.env not in drawn:
-                check_draws(path, cell, trained_env)
-                drawn.add(trained_env.env)
+            # The env the evaluation plays (its own flags; the checkpoint's id unless given).
+            played = settings.env
+            played = played if played.env else dataclasses.replace(played, env=trained_env.env)
+            if "video" in study.eval_flags and draws_here and played not in drawn:
+                check_draws(path, cell, played)
+                drawn.add(played)
 
 
 def check_draws(path: str, cell: Cell, env: EnvSettings) -> None:
@@ -599,6 +614,7 @@ def claim_folder(study: Study) -> Study:
                 f"move {folder} away to start this one there anew"
             )
         study = dataclasses.replace(study, axes={axis: study.axes[axis] for axis in recorded_axes})
+        record_earlier_evaluations(study, recorded)
     elif folder.exists() and any(path.name != LOCK_NAME for path in folder.iterdir()):
         raise StudyError(
             f"{folder} holds files of something other than this study: give the study "
@@ -606,6 +622,21 @@ def claim_folder(study: Study) -> Study:
         )
     folder.mkdir(parents=True, exist_ok=True)
     return study
+
+
+def record_earlier_evaluations(study: Study, recorded: dict) -> None:
+    """Writes into each finished cell's record, where it has none (a study of an earlier
+    release), the evaluations it had: those of the ``recorded`` study, which may differ
+    from this one's [eval] (``Cell.finished`` then plays them again)."""
+    earlier = dataclasses.replace(
+        study,
+        eval_flags=recorded.get("eval", study.eval_flags),
+        random_policy=recorded.get("random_policy", study.random_policy),
+    )
+    for cell in earlier.cells():
+        state = cell.state()
+        if state.get("status") == "finished" and "evaluated" not in state:
+            write_state(cell.folder, state | {"evaluated": cell.job().evaluation_record()})
 
 
 # What a study may change and stay the same study: how its cells are evaluated (finished
@@ -778,13 +809,13 @@ class Runner:
             for future in futures:
                 future.result()
         except BaseException:  # Ctrl-C or SIGTERM: the runs checkpoint, nothing new starts
-            self.stop()
             # A second signal (Ctrl-C twice; `timeout`, which signals the study and then
             # its group) left here at once, and the runs died mid-checkpoint with it.
             with further_stops_said(
                 "stopping: the runs are writing their checkpoints (a moment; kill -9 loses "
                 "what they learned since their last)"
             ):
+                self.stop()
                 pool.shutdown(wait=True, cancel_futures=True)
             raise
         pool.shutdown(wait=True)
@@ -907,7 +938,7 @@ def run_study(args: argparse.Namespace) -> tuple[Study, list[dict]]:
         )
     if args.parallel is not None and args.parallel < 1:
         raise StudyError(f"--parallel must be at least 1, got {args.parallel}")
-    check_cells(args.study, study)
+    check_cells(args.study, study, draws_here=args.ray_address is None)
     study = claim_folder(study)
     cells = study.cells()
     progress = Progress()

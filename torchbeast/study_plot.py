@@ -56,6 +56,8 @@ def load_study(path: str) -> tuple[Path, dict, list[dict]]:
         ) from None
     try:
         study, cells = spec["study"], list(spec["cells"])
+        if not all(isinstance(cell, dict) and "cell" in cell for cell in cells):
+            raise KeyError("cell")  # a row without its cell's name
         # Named sets of flags as the table shows them: by their names.
         study["axes"] = {axis: [label(v) for v in vs] for axis, vs in study["axes"].items()}
         rows = with_true_returns(cells)

@@ -126,10 +126,12 @@ def add_declared_flags(
             if flag is declared.flag:
                 continue
             if plugin or earlier:  # a package's mistake, not ours: one line, before --help
+                also = "torchbeast's own settings declare"
+                if plugin and earlier:
+                    also = f"{earlier} declares too"
                 raise SystemExit(
-                    f"error: {plugin or earlier} declares --{declared.name}, which "
-                    "torchbeast's own settings declare: rename its flag, or uninstall its "
-                    "package"
+                    f"error: {plugin or earlier} declares --{declared.name}, which {also}: "
+                    "rename its flag, or uninstall its package"
                 )
             raise ValueError(f"--{declared.name} is declared by two settings")
         names, kwargs = declared.argument()

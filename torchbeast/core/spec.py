@@ -67,10 +67,13 @@ def _extras_problem(names: tuple[str, ...]) -> str | None:
                 f"episode extra {shown(name)} is not a name of at most {MAX_EXTRA_NAME_LENGTH} "
                 "ASCII letters, digits and underscores"
             )
-        if name in RESERVED_EXTRA_NAMES or name.endswith("_per_step"):
+        base = name.removesuffix("_per_step")  # eval's figure of each return per step
+        if name in RESERVED_EXTRA_NAMES or (
+            base != name and (base == "return" or base.endswith("_return"))
+        ):
             return (
                 f"episode extra {shown(name)} would clash with a figure of torchbeast's own "
-                f"(episode_return, episode_length, proxy_return, *_per_step): rename it"
+                "(episode_return, episode_length, proxy_return, *_return_per_step): rename it"
             )
     if len(set(names)) != len(names):
         return f"episode extras {shown(', '.join(names))} name one figure twice"

@@ -155,6 +155,14 @@ _plugins: dict[int, str] = {}
 _left_out: set[int] = set()  # plug-ins that broke as they were asked (``family_of``)
 
 
+def same_package(entry_point: str, env_entry_point: object) -> bool:
+    """Whether a plug-in's entry point ("corridors.family:CorridorFamily") and an env's
+    registered entry point (a "module:Class" string, or the class) are of one package."""
+    if not isinstance(env_entry_point, str):  # a class or function: its module's name
+        env_entry_point = env_entry_point.__module__
+    return entry_point.split(".")[0].split(":")[0] == env_entry_point.split(".")[0].split(":")[0]
+
+
 def is_plugin(family: EnvFamily) -> bool:
     """Whether a package's entry point brought ``family`` (not one of torchbeast's)."""
     return id(family) in _plugins
@@ -171,7 +179,6 @@ def _entry_point_families() -> list[EnvFamily]:
         try:
             loaded = entry_point.load()
             family = loaded() if isinstance(loaded, type) else loaded
-            _plugins[id(family)] = entry_point.value
         except Exception as error:  # a broken plug-in must not stop a run that does not use it
             log.warning(
                 "Env family %r (entry point %s) could not be loaded: %s",
@@ -187,6 +194,7 @@ def _entry_point_families() -> list[EnvFamily]:
                 family,
             )
             continue
+        _plugins[id(family)] = entry_point.value  # (kept alive, in the cached tuple)
         families.append(family)
     return families
 
@@ -218,6 +226,11 @@ def family_of(env_id: str) -> EnvFamily:
         except Exception as error:
             if not is_plugin(family):
                 raise
+            if same_package(_plugins[id(family)], spec.entry_point):  # its own env: say so
+                raise EnvError(
+                    f"{plugin_text(family)} failed to tell whether it takes {env_id!r}: "
+                    f"{type(error).__name__}: {error}; fix or reinstall its package"
+                ) from error
             # A broken plug-in must not stop a run that does not use it, nor make its ids.
             _left_out.add(id(family))
             log.warning(
