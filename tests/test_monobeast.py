@@ -295,6 +295,25 @@ def test_a_run_without_checkpoints_stopped_by_sigterm_says_the_command_starts_ag
     assert "no checkpoint (--disable_checkpoint): run the same command to start again" in output
 
 
+def test_a_run_named_for_its_start_time_says_which_xpid_resumes_it(tmp_path):
+    # "run the same command to resume": the same command drew a new name and began anew.
+    process = start_monobeast(tmp_path, *SMALL_RUN, "--total_steps", "10000000")
+    try:
+        wait_for(lambda: os.path.islink(tmp_path / "latest"), 60, "the run's folder")
+        wait_for_rows(tmp_path / os.readlink(tmp_path / "latest") / "logs.csv", 3)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == STOPPED_BY_SIGTERM
+    xpid = os.readlink(tmp_path / "latest")
+    assert re.fullmatch(r"torchbeast-\d{8}-\d{6}", xpid)
+    assert f"run it again with --xpid {xpid} (or --xpid latest) to resume" in output
+    again = monobeast(tmp_path, *SMALL_RUN, "--total_steps", "100", "--xpid", "latest")
+    assert (
+        again.returncode == 0 and f"Resuming from {tmp_path / xpid / 'model.tar'}" in again.stdout
+    )
+
+
 def test_killed_learner_leaves_no_orphan_actor(tmp_path):
     process = start_monobeast(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "run")
     try:

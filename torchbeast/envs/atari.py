@@ -144,8 +144,9 @@ class AtariOptions:
     fuel_multiplier: float | None = flag(
         None,
         "(new) Riverraid proxy: M >= 0 makes fuel canisters worth 80*M; M < 0 is the "
-        "pacifist proxy (default 1: off). See the manual's table of proxies "
-        "(docs/reward-misspecification.md).",
+        "pacifist proxy; M = 1 (the default where another proxy flag is given) is the move "
+        "proxy of --move_penalty. No proxy flag at all: the game score. See the manual's "
+        "table of proxies (docs/reward-misspecification.md).",
         metavar="M",
         check="finite",
     )

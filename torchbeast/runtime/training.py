@@ -379,24 +379,32 @@ class Trainer:
                 f"stopped: {self.failure}. The checkpoint keeps the last good weights."
             )
         if isinstance(self.failure, RunFolderError):
-            again = "resume" if self.checkpoint.saved_step is not None else "start again"
             raise TrainingError(
                 f"{self.failure}: stopped at step {self.learner.step}; "
-                f"{self.checkpoint.on_disk()}. Free space (or fix the folder) and run the "
-                f"same command to {again}."
+                f"{self.checkpoint.on_disk()}. Free space (or fix the folder) and "
+                f"{self.how_to_go_on()}."
             )
         if self.failure is not None:
             raise self.failure
         if stop_signal is not None and self.learner.step < self.total_steps:
             name = signal.Signals(stop_signal).name
-            # Without a checkpoint (--disable_checkpoint) the same command starts anew.
-            again = "resume" if self.checkpoint.saved_step is not None else "start again"
             raise Stopped(
                 stop_signal,
                 f"stopped by {name} at step {self.learner.step}; {self.checkpoint.on_disk()}: "
-                f"run the same command to {again}",
+                f"{self.how_to_go_on()}",
             )
         return self.progress.last_stats
+
+    def how_to_go_on(self) -> str:
+        """The command that resumes this run: the same one, or where its name was drawn
+        from the time (no --xpid given), one that names it. Without a checkpoint
+        (--disable_checkpoint) the same command starts anew."""
+        if self.checkpoint.saved_step is None:
+            return "run the same command to start again"
+        if dict(self.settings.run.sources).get("xpid", DEFAULT) in (DEFAULT, DERIVED):
+            xpid = self.settings.run.xpid  # the same command would draw another name
+            return f"run it again with --xpid {xpid} (or --xpid latest) to resume"
+        return "run the same command to resume"
 
     def log_presets_not_applied(self, env_id: str) -> None:
         """Says which of ``env_id``'s presets the run goes without: presets apply as flags
