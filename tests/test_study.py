@@ -63,7 +63,8 @@ def table(tmp_path, name: str = "grid") -> list[dict[str, str]]:
 
 
 def runs_training(run_dir) -> list[int]:
-    """Live processes whose command line trains in ``run_dir``'s study."""
+    """Live processes whose command line trains in ``run_dir`` (its study's folder and its
+    name: other tests' cells of one name train beside it)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -71,7 +72,8 @@ def runs_training(run_dir) -> list[int]:
                 words = f.read().split("\0")
         except OSError:
             continue
-        if "--xpid" in words and words[words.index("--xpid") + 1] == run_dir.name:
+        named = "--xpid" in words and words[words.index("--xpid") + 1] == run_dir.name
+        if named and str(run_dir.parent) in words:
             found.append(int(pid))
     return found
 
