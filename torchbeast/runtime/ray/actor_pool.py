@@ -217,8 +217,8 @@ class RayActorPool(Pool):
         self.fail(
             f"actor {min(late)} has not started in {START_DEADLINE_S:.0f} s: the cluster has "
             f"no room for the {self.cpus_per_actor:g} CPUs it asks for (did a node go "
-            "down, or other work take them?); run the same command to go on with the CPUs "
-            "free then"
+            "down, or other work take them?); run it again (with this run's --xpid) to go on "
+            "with the CPUs free then"
         )
 
     def _submit_unless_ahead(self, actor_index: int) -> None:
