@@ -500,8 +500,8 @@ def test_an_actor_the_cluster_cannot_place_stops_the_run_with_one_line(tmp_path,
     # Whichever of the three Ray placed last is the one left without a CPU.
     assert re.match(
         r"error: actor [012] has not started in 5 s: the cluster has no room for the 1 CPUs "
-        r"it asks for \(did a node go down, or other work take them\?\); run the same command "
-        r"to go on with the CPUs free then",
+        r"it asks for \(did a node go down, or other work take them\?\); run it again \(with "
+        r"this run's --xpid\) to go on with the CPUs free then",
         result.stderr.strip().splitlines()[-1],
     ), result.stderr
     assert (tmp_path / "run" / "model.tar").exists()
