@@ -174,18 +174,7 @@ def play(settings: Settings, trained: Trained, render: bool = False) -> list[Epi
                 with envs.environment_errors():
                     recorder.add(env.frame())
             if step["episode_end"][0]:
-                episodes.append(
-                    Episode(
-                        episode_return=float(step["episode_return"][0]),
-                        extras={
-                            name: float(step[key][0])
-                            for name, key in zip(spec.episode_extras, spec.extra_keys, strict=True)
-                        },
-                        length=int(step["episode_step"][0]),
-                        return_name=return_name,
-                        actions=actions.hexdigest(),
-                    )
-                )
+                episodes.append(ended_episode(step, spec, return_name, actions.hexdigest()))
                 actions = hashlib.blake2b(digest_size=8)
                 check_finite(episodes[-1], len(episodes))
                 log.info(
@@ -195,18 +184,38 @@ def play(settings: Settings, trained: Trained, render: bool = False) -> list[Epi
                     episodes[-1].episode_return,
                 )
         if recorder is not None:
-            try:
-                log.info(
-                    "Recorded %d steps of play in %s (%.1f s).",
-                    recorder.save(),
-                    recorder.path,
-                    recorder.seconds,
-                )
-            except OSError as error:  # the games' figures are kept: eval.json follows
-                log.warning("Could not write the video %s: %s", recorder.path, write_failure(error))
+            save_video(recorder)
         return episodes
     finally:
         env.close()
+
+
+def ended_episode(step: dict, spec: EnvSpec, return_name: str, actions: str) -> Episode:
+    """The game the (first) env's ``step`` ended, with the digest of its ``actions``."""
+    return Episode(
+        episode_return=float(step["episode_return"][0]),
+        extras={
+            name: float(step[key][0])
+            for name, key in zip(spec.episode_extras, spec.extra_keys, strict=True)
+        },
+        length=int(step["episode_step"][0]),
+        return_name=return_name,
+        actions=actions,
+    )
+
+
+def save_video(recorder: video.Recorder) -> None:
+    """Writes the video; one that cannot be written is a warning: the games' figures are
+    kept (eval.json follows)."""
+    try:
+        log.info(
+            "Recorded %d steps of play in %s (%.1f s).",
+            recorder.save(),
+            recorder.path,
+            recorder.seconds,
+        )
+    except OSError as error:
+        log.warning("Could not write the video %s: %s", recorder.path, write_failure(error))
 
 
 def play_seed(seed: int | None) -> int | None:
