@@ -68,6 +68,7 @@ from torchbeast.runtime.processes import (
 from torchbeast.runtime.registry import RUNTIMES
 
 if TYPE_CHECKING:
+    from torchbeast.config.settings import Settings
     from torchbeast.envs.settings import EnvSettings
 
 SPEC_NAME = "study.json"  # in the study's folder: what the study is, and its table
@@ -471,9 +472,6 @@ def check_cells(path: str, study: Study, draws_here: bool = True) -> None:
     trained (and a study that, fixed, is another study). ``draws_here``: the cells run on
     this machine, so that an [eval] video's env is seen to draw here (a cluster's nodes may
     have what this machine lacks)."""
-    from torchbeast.cli import parse_command  # noqa: PLC0415 - only here
-    from torchbeast.config.parsers import make_runtime_parser  # noqa: PLC0415
-
     drawn: set[EnvSettings] = set()  # the envs whose pictures --video was seen to take
     with tempfile.TemporaryDirectory() as folder:
         flags_file = Path(folder) / CELL_FLAGS
@@ -487,31 +485,41 @@ def check_cells(path: str, study: Study, draws_here: bool = True) -> None:
                     )
             flags_file.write_text(cell.flags_text())
             job = dataclasses.replace(cell.job(), savedir=str(study.folder))
-            for what, words in (("training", ()), ("evaluation", job.evaluations()[0])):
-                command = job.command(*words)
-                command[command.index("--config") + 1] = str(flags_file)
-                parser = make_runtime_parser(study.runtime)
-                parser.prog = f"python -m {job.module}"
-                refused = io.StringIO()
-                try:
-                    with contextlib.redirect_stderr(refused):
-                        # Its folder is made later: its --video's folder too.
-                        settings = parse_command(
-                            parser, command[3:], study.runtime, check_files=False
-                        )
-                except SystemExit:
-                    line = refused.getvalue().strip().splitlines()[-1]
-                    reason = line.partition(" error: ")[2].rpartition("; see ")[0] or line
-                    reason = reason.replace(f"--config {flags_file}: ", "")  # a passing file
-                    raise StudyError(f"{path}: cell {cell.name}'s {what}: {reason}") from None
-                if what == "training":
-                    trained_env = settings.env
+            trained, evaluated = (
+                parse_cell_command(path, cell, what, job, words, flags_file)
+                for what, words in (("training", ()), ("evaluation", job.evaluations()[0]))
+            )
             # The env the evaluation plays (its own flags; the checkpoint's id unless given).
-            played = settings.env
-            played = played if played.env else dataclasses.replace(played, env=trained_env.env)
+            played = evaluated.env
+            played = played if played.env else dataclasses.replace(played, env=trained.env.env)
             if "video" in study.eval_flags and draws_here and played not in drawn:
                 check_draws(path, cell, played)
                 drawn.add(played)
+
+
+def parse_cell_command(
+    path: str, cell: Cell, what: str, job: CellJob, words: tuple[str, ...], flags_file: Path
+) -> Settings:
+    """The settings of the cell's ``what`` ("training", "evaluation": ``words`` added to its
+    command), with its flags from ``flags_file``, as its run will parse them; StudyError
+    (one line naming the cell) where the run would refuse them."""
+    from torchbeast.cli import parse_command  # noqa: PLC0415 - only here
+    from torchbeast.config.parsers import make_runtime_parser  # noqa: PLC0415
+
+    command = job.command(*words)
+    command[command.index("--config") + 1] = str(flags_file)
+    parser = make_runtime_parser(cell.study.runtime)
+    parser.prog = f"python -m {job.module}"
+    refused = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(refused):
+            # Its folder is made later: its --video's folder too.
+            return parse_command(parser, command[3:], cell.study.runtime, check_files=False)
+    except SystemExit:
+        line = refused.getvalue().strip().splitlines()[-1]
+        reason = line.partition(" error: ")[2].rpartition("; see ")[0] or line
+        reason = reason.replace(f"--config {flags_file}: ", "")  # a passing file
+        raise StudyError(f"{path}: cell {cell.name}'s {what}: {reason}") from None
 
 
 def check_draws(path: str, cell: Cell, env: EnvSettings) -> None:
