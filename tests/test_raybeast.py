@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -299,6 +300,24 @@ def test_a_grpc_server_that_is_not_rays_gcs_is_refused(monkeypatch):
     with grpc_server_without_methods("127.0.0.1") as address:
         with pytest.raises(TrainingError, match="is a Ray server but not the cluster's GCS"):
             prepare.check_reachable(address, "it")
+
+
+def test_a_server_that_takes_connections_and_never_answers_is_refused(monkeypatch):
+    # Ray retried it for ever (a study hung, printing Ray's "Failed to get cluster ID").
+    from torchbeast.runtime.ray import prepare
+    from torchbeast.runtime.training import TrainingError
+
+    monkeypatch.setattr(prepare, "ANSWER_TIMEOUT_S", 1.0)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts (the backlog), no word
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(
+            TrainingError,
+            match=r"^it is a server that takes connections but did not answer in 1 s \(a "
+            r"cluster's GCS answers at once\): give the head's address",
+        ):
+            prepare.check_reachable(address, "it")
+    with pytest.raises(TrainingError, match=r"or leave out --ray_address to run the cells here"):
+        prepare.check_reachable(address, "it", "leave out --ray_address to run the cells here")
 
 
 def test_test_mode_plays_the_trained_model(tmp_path, ray_cluster):

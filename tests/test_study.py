@@ -4,6 +4,7 @@ interrupted and started again; with a cell that fails."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import secrets
@@ -659,3 +660,38 @@ def test_a_video_of_an_env_that_cannot_draw_is_refused_before_anything_trains(tm
         "renders; play it with --mode test or eval without them"
     )
     assert not (tmp_path / "runs" / "grid").exists()
+
+
+def test_a_cells_video_is_recorded_in_its_folder_wherever_that_runs(tmp_path, monkeypatch):
+    # Copied to a node (--files copy), a cell recorded its video at the head's path, and
+    # its folder came back without it; a relative savedir was the node's own directory's.
+    from torchbeast.study import claim_folder, read_study
+
+    monkeypatch.chdir(tmp_path)
+    path = write_study(tmp_path, "seed = [1]")
+    edit_study(path, f'savedir = "{tmp_path / "runs"}"', 'savedir = "runs"')
+    edit_study(path, "num_episodes = 2", 'num_episodes = 2\nvideo = "clips/play.gif"')
+    study = claim_folder(read_study(path))
+    assert study.folder == tmp_path / "runs" / "grid"  # absolute, sent to any node as it is
+    job = study.cells()[0].job()
+    copied = dataclasses.replace(job, savedir="/tmp/node-copy")
+    trained, random = copied.evaluations()
+    assert trained[-1] == "--video=/tmp/node-copy/seed-1/clips/play.gif"
+    assert random[-1] == "--video=/tmp/node-copy/seed-1/clips/play_random.gif"
+    # The record a copied cell brings back is the one the head compares with.
+    assert copied.evaluation_record() == job.evaluation_record()
+
+
+def test_a_failure_here_is_not_recorded_as_an_earlier_nodes():
+    from torchbeast.study import earlier_record
+    from torchbeast.study_cluster import plain
+
+    class Cell:
+        def state(self):
+            return {"status": "finished", "seconds": 5.0, "node": "192.0.2.2", "node_id": "x"}
+
+    assert earlier_record(Cell()) == {"status": "finished", "seconds": 5.0}
+    assert (
+        plain("\x1b[36mray::CellWorker.run()\x1b[39m (pid=8067)")
+        == "ray::CellWorker.run() (pid=8067)"
+    )

@@ -106,7 +106,8 @@ class Study:
         """savedir/<name>, savedir as a run resolves its --savedir (~ and $VARS): the
         folder its cells train in."""
         savedir = str(self.flags.get("savedir", "~/logs/torchbeast"))
-        return Path(expand_savedir(savedir)) / self.name
+        # Absolute: a cell on a Ray node resolved a relative one from its own directory.
+        return Path(os.path.abspath(expand_savedir(savedir))) / self.name
 
     def spec(self) -> dict:
         """What makes the study itself, as its folder records it."""
@@ -166,30 +167,18 @@ class Cell:
         return flags | RUNTIMES[self.study.runtime].apart_flags(flags, str(self.folder))
 
     def job(self) -> CellJob:
+        flags = {k: v for k, v in self.study.eval_flags.items() if k != "video"}
+        video = self.study.eval_flags.get("video")
         return CellJob(
             name=self.name,
             module=RUNTIMES[self.study.runtime].entry_point,
             savedir=str(self.study.folder),
-            eval_words=tuple(flag_words(self.eval_flags())),
-            random_words=(
-                tuple(flag_words(self.eval_flags(random=True)))
-                if self.study.random_policy
-                else None
-            ),
+            eval_words=tuple(flag_words(flags)),
+            random_words=tuple(flag_words(flags)) if self.study.random_policy else None,
             cpus=self.study.resources.cpus,
+            # In the cell's folder, wherever it runs (read_study refuses others).
+            video=None if video is None else os.path.normpath(expand_savedir(str(video))),
         )
-
-    def eval_flags(self, random: bool = False) -> dict[str, object]:
-        """The [eval] flags of the cell's evaluation (``random``: of its random policy's),
-        a --video in the cell's folder (relative to it; the random policy's named
-        ``<stem>_random``): each evaluation's video of its own."""
-        flags = dict(self.study.eval_flags)
-        if "video" in flags:
-            video = self.folder / Path(str(flags["video"]))  # read_study refuses others
-            if random:
-                video = video.with_name(f"{video.stem}_random{video.suffix}")
-            flags["video"] = str(video)
-        return flags
 
     def flags_text(self) -> str:
         """The cell's ``CELL_FLAGS`` file: its flags as TOML."""
@@ -198,8 +187,8 @@ class Cell:
     def write_flags(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / CELL_FLAGS).write_text(self.flags_text())
-        if "video" in self.study.eval_flags:  # "clips/play.gif": its folder, in the cell's
-            Path(self.eval_flags()["video"]).parent.mkdir(parents=True, exist_ok=True)
+        if video := self.job().video:  # "clips/play.gif": its folder, in the cell's
+            (self.folder / video).parent.mkdir(parents=True, exist_ok=True)
 
     def finished(self) -> bool:
         """Trained to its steps and evaluated as the study evaluates now (a study run again
@@ -214,6 +203,12 @@ class Cell:
 
     def state(self) -> dict:
         return read_state(self.folder)
+
+
+def earlier_record(cell: Cell) -> dict:
+    """The cell's record from an earlier run, without where that ran it (a node of a
+    cluster): a failure here is not that node's."""
+    return {k: v for k, v in cell.state().items() if k not in ("node", "node_id")}
 
 
 def read_state(folder: Path) -> dict:
@@ -238,26 +233,36 @@ class CellJob:
     name: str
     module: str  # the entry point, "torchbeast.monobeast"
     savedir: str  # the study's folder
-    eval_words: tuple[str, ...]  # the evaluation's flags
+    eval_words: tuple[str, ...]  # the evaluation's flags, but its video
     # The random policy's evaluation's (eval_random.json), or None: none.
     random_words: tuple[str, ...] | None
     cpus: int  # the learner process's threads are limited to them
+    video: str | None = None  # [eval] video, relative to the cell's folder
 
     @property
     def folder(self) -> Path:
         return Path(self.savedir) / self.name
 
-    def evaluations(self) -> list[tuple[str, ...]]:
+    def evaluations(self, folder: Path | None = None) -> list[tuple[str, ...]]:
         """The words each evaluation adds to the cell's command: the trained policy's,
-        then the random policy's (with the cell's reward settings) where it has one."""
-        evaluations = [("--mode", "eval", *self.eval_words)]
+        then the random policy's (with the cell's reward settings) where it has one; each
+        records its video, if the study asks for one, in ``folder`` (the cell's), the
+        random policy's as ``<stem>_random``."""
+        folder = self.folder if folder is None else folder
+        video = None if self.video is None else folder / self.video
+        trained = () if video is None else (f"--video={video}",)
+        evaluations = [("--mode", "eval", *self.eval_words, *trained)]
         if self.random_words is not None:
-            evaluations.append(("--mode", "eval", "--random_policy", *self.random_words))
+            random = (
+                () if video is None else (f"--video={video.with_stem(video.stem + '_random')}",)
+            )
+            evaluations.append(("--mode", "eval", "--random_policy", *self.random_words, *random))
         return evaluations
 
     def evaluation_record(self) -> list[list[str]]:
-        """The evaluations' words as the cell's record keeps them (JSON: lists)."""
-        return [list(words) for words in self.evaluations()]
+        """The evaluations' words as the cell's record keeps them (JSON: lists): its video
+        relative to its folder, which a copied cell ran elsewhere."""
+        return [list(words) for words in self.evaluations(folder=Path("."))]
 
     def command(self, *extra: str) -> list[str]:
         config = str(self.folder / CELL_FLAGS)
@@ -697,9 +702,10 @@ class Executor(Protocol):
     where: str  # for the study's first line: "2 at a time on this machine"
     starting: str  # what a cell handed to it does first: "training, then evaluating"
 
-    def run(self, cell: Cell) -> dict | None:
-        """Trains and evaluates ``cell`` (its flags file written); its record, or None
-        when stopped."""
+    def run(self, cell: Cell, started: Callable[[], None]) -> dict | None:
+        """Trains and evaluates ``cell`` (its flags file written), calling ``started`` as
+        it starts (on a cluster, once a node has taken it); its record, or None when
+        stopped."""
         ...
 
     def stop(self) -> None:
@@ -718,12 +724,13 @@ class LocalCells:
         self.running: set[CellProcess] = set()
         self.stopping = False
 
-    def run(self, cell: Cell) -> dict | None:
+    def run(self, cell: Cell, started: Callable[[], None]) -> dict | None:
         process = CellProcess()
         with self.lock:
             if self.stopping:
                 return None
             self.running.add(process)
+        started()
         try:
             return train_and_evaluate(cell.job(), process)
         finally:
@@ -785,16 +792,19 @@ class Runner:
         if cell.finished():
             self.say(f"{cell.name}: finished before, skipped")
             return
-        with self.print_lock:
-            self.progress.running.add(cell.name)
-            with contextlib.suppress(OSError):  # the table says it runs (the end says why not)
-                self.on_change(self.progress)
+
+        def started() -> None:  # the table says it runs (its end says why not)
+            with self.print_lock:
+                self.progress.running.add(cell.name)
+                with contextlib.suppress(OSError):
+                    self.on_change(self.progress)
+
         try:
             cell.write_flags()
             self.say(f"{cell.name}: {self.executor.starting}")
-            state = self.executor.run(cell)
+            state = self.executor.run(cell, started)
         except OSError as error:  # its folder unwritable (a full disk): it fails, not the rest
-            state = {**cell.state(), "status": "failed", "error": str(error)}
+            state = {**earlier_record(cell), "status": "failed", "error": str(error)}
             try:
                 write_state(cell.folder, state)
             except OSError:  # the same error again: the table holds it (and the line below)

@@ -30,13 +30,14 @@ import dataclasses
 import io
 import logging
 import os
+import re
 import shutil
 import signal
 import tarfile
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from torchbeast.runtime.ray.prepare import prepare_ray_environment
@@ -47,7 +48,7 @@ from torchbeast.study import (
     CellProcess,
     Study,
     StudyError,
-    read_state,
+    earlier_record,
     train_and_evaluate,
     write_state,
 )
@@ -89,6 +90,12 @@ def replace_folder(folder: Path, archive: bytes) -> None:
         os.replace(folder, outgoing)
     os.replace(incoming, folder)
     shutil.rmtree(outgoing, ignore_errors=True)
+
+
+def plain(line: str) -> str:
+    """A line of Ray's without its terminal colours, at most 200 characters (its errors
+    run long): for the study's table."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", line)[:200]
 
 
 def study_token(study: Study) -> str:
@@ -160,7 +167,7 @@ class ClusterCells:
         self.running: set = set()
         self.stopping = False
 
-    def run(self, cell: Cell) -> dict | None:
+    def run(self, cell: Cell, started: Callable[[], None]) -> dict | None:
         import ray
 
         resources = self.study.resources
@@ -191,19 +198,23 @@ class ClusterCells:
                 self.placing.discard(worker)
                 self.running.add(worker)
                 finished = worker.run.remote(job, archive)
+            started()  # placed on a node: the table says it runs (queued, it did not)
             state, archive = ray.get(finished)
             if archive is not None:
                 replace_folder(cell.folder, archive)
             return state
+        except ray.exceptions.RayTaskError as error:  # the cell's own code raised, there
+            cause = error.cause if isinstance(error.cause, BaseException) else error
+            return self.record(cell, {}, f"{type(cause).__name__}: {cause}"[:300])
         except ray.exceptions.RayError as error:  # its node or worker died
             if self.stopping:
                 return None  # killed by ``stop`` before it ran
-            lines = str(error).strip().splitlines() or [type(error).__name__]
+            lines = [plain(line) for line in str(error).strip().splitlines()]
             return self.record(
                 cell,
                 {},
-                f"the cell's Ray worker was lost ({lines[0][:200]}): run the study again "
-                "to resume it",
+                f"the cell's Ray worker was lost ({(lines or [type(error).__name__])[0]}): "
+                "run the study again to resume it",
             )
         finally:
             with self.lock:
@@ -212,8 +223,9 @@ class ClusterCells:
             ray.kill(worker)
 
     def record(self, cell: Cell, where: dict[str, str], error: str) -> dict:
-        """Records a cell that failed around its run, in the study's own folder."""
-        state = {**read_state(cell.folder), "status": "failed", "error": error, **where}
+        """Records a cell that failed around its run, in the study's own folder (where it
+        ran, if known: not an earlier run's node)."""
+        state = {**earlier_record(cell), "status": "failed", "error": error, **where}
         write_state(cell.folder, state)
         return state
 
@@ -239,7 +251,7 @@ def cluster_cells(study: Study, address: str, files: str, cells: int) -> Iterato
             '(or "poly"); runtime = "ray" cells would compete with the study for its CPUs'
         )
     try:
-        prepare_ray_environment(address)
+        prepare_ray_environment(address, without="leave out --ray_address to run the cells here")
     except TrainingError as error:
         raise StudyError(str(error)) from None
     import ray  # here and in methods: only after prepare_ray_environment, as Ray reads it

@@ -12,6 +12,7 @@ from torchbeast.config.settings import Settings
 from torchbeast.runtime.training import TrainingError
 
 REACH_TIMEOUT_S = 5.0
+ANSWER_TIMEOUT_S = 15.0  # a GCS answers its first call in milliseconds, even when busy
 GCS_CLUSTER_ID = "/ray.rpc.NodeInfoGcsService/GetClusterId"  # the first call of Ray's driver
 GIVE_THE_GCS = (
     "give the head's address as `ray start --head` printed it (host:6379 unless --port), "
@@ -36,14 +37,17 @@ def prepare_environment(settings: Settings) -> None:
     prepare_ray_environment(settings.runtime.ray_address)
 
 
-def prepare_ray_environment(address: str | None) -> None:
+def prepare_ray_environment(
+    address: str | None, without: str = "leave out --ray_address to run Ray on this machine"
+) -> None:
     """Settings Ray reads from the environment when it is imported, for a Ray started on
     this machine (``address`` None) or joined at ``address`` (host:port or "auto").
 
     Ray replaces 127.0.0.1 with this machine's network address unless told that this is
     a single-machine cluster; then every Ray server listens on 127.0.0.1 only. Token
     authentication is asked for when joining a cluster (Ray starts its own clusters with
-    it); RAY_AUTH_MODE=disabled in the environment opts out.
+    it); RAY_AUTH_MODE=disabled in the environment opts out. ``without``: what the command
+    does without an address, as the line for an unreachable one offers it.
     """
     named = f"--ray_address {address}"  # the address as a line names it
     if address == "auto" and (found := auto_address()) is not None:
@@ -60,7 +64,7 @@ def prepare_ray_environment(address: str | None) -> None:
     # abandons while stopping would otherwise print their errors as "unhandled".
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     if host is not None:
-        check_reachable(address, named)
+        check_reachable(address, named, without)
 
 
 def auto_address() -> tuple[str, str] | None:
@@ -93,16 +97,18 @@ def split_address(address: str, named: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def check_reachable(address: str, named: str) -> None:
+def check_reachable(
+    address: str, named: str, without: str = "leave out --ray_address to run Ray on this machine"
+) -> None:
     """Fails in seconds where Ray would retry an unreachable address for minutes, or
-    one that answers but is not a Ray cluster's GCS for ~20 s, then name the wrong fix;
-    ``named``: the address as an error line names it."""
+    one that answers but is not a Ray cluster's GCS for ~20 s (or, silent, for ever), then
+    name the wrong fix; ``named``: the address as an error line names it."""
     try:
         socket.create_connection(split_address(address, named), REACH_TIMEOUT_S).close()
     except OSError as error:
         raise TrainingError(
             f"cannot reach a Ray cluster at {named}: {error}. Start one with `ray start "
-            "--head`, or leave out --ray_address to run Ray on this machine"
+            f"--head`, or {without}"
         ) from None
     check_is_ray_gcs(address, named)
 
@@ -117,7 +123,7 @@ def check_is_ray_gcs(address: str, named: str) -> None:
 
     with grpc.insecure_channel(address) as channel:
         try:
-            channel.unary_unary(GCS_CLUSTER_ID)(b"", timeout=REACH_TIMEOUT_S)
+            channel.unary_unary(GCS_CLUSTER_ID)(b"", timeout=ANSWER_TIMEOUT_S)
             return
         except grpc.RpcError as error:
             code, details = error.code(), (error.details() or "").lower()
@@ -125,6 +131,11 @@ def check_is_ray_gcs(address: str, named: str) -> None:
         what = "a Ray server but not the cluster's GCS (10001 is Ray Client's port)"
     elif "http1" in details or "parsing http/2" in details:  # it does not speak gRPC
         what = "an HTTP server (8265 is Ray's dashboard)"
+    elif code == grpc.StatusCode.DEADLINE_EXCEEDED:  # Ray would wait on it for ever
+        what = (
+            f"a server that takes connections but did not answer in {ANSWER_TIMEOUT_S:g} s "
+            "(a cluster's GCS answers at once)"
+        )
     else:
         return  # the GCS asking for its token, or something Ray itself will explain
     raise TrainingError(f"{named} is {what}: {GIVE_THE_GCS}")
