@@ -622,6 +622,14 @@ def test_a_cell_whose_folder_cannot_hold_its_record_is_failed_in_the_table(tmp_p
     assert second["status"] == "finished"
 
 
+def test_files_without_a_cluster_is_one_line(tmp_path):
+    from torchbeast import study
+
+    path = write_study(tmp_path, "seed = [1]")
+    with pytest.raises(study.StudyError, match="^--files copy says where a Ray cluster's"):
+        study.run_study(study.make_parser().parse_args([path, "--files", "copy"]))
+
+
 @pytest.mark.parametrize(
     "text, file_name, said",
     [  # a traceback; an empty file trained Pong for 5M steps; "name 'my study'", unasked

@@ -954,6 +954,11 @@ def run_study(args: argparse.Namespace) -> tuple[Study, list[dict]]:
             "--parallel is for this machine; on a Ray cluster (--ray_address) "
             "Ray runs as many cells as its nodes have [resources] for"
         )
+    if args.files != "auto" and args.ray_address is None:  # it was ignored
+        raise StudyError(
+            f"--files {args.files} says where a Ray cluster's cells keep their folders: give "
+            "--ray_address too, or leave --files out (on this machine they are in place)"
+        )
     if args.parallel is not None and args.parallel < 1:
         raise StudyError(f"--parallel must be at least 1, got {args.parallel}")
     check_cells(args.study, study, draws_here=args.ray_address is None)
