@@ -229,6 +229,7 @@ def test_ray_address_auto_of_a_cluster_on_127_0_0_1_joins_it_as_a_single_machine
     import socket
 
     from torchbeast.runtime.ray import prepare
+    from torchbeast.runtime.training import TrainingError
 
     # `ray start --head` as the manual shows: Ray swapped the 127.0.0.1 it read for this
     # machine's network address and retried it forever.
@@ -241,10 +242,11 @@ def test_ray_address_auto_of_a_cluster_on_127_0_0_1_joins_it_as_a_single_machine
         for name in ("RAY_USAGE_STATS_ENABLED", "RAY_IGNORE_UNHANDLED_ERRORS"):
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
-        monkeypatch.setattr(prepare, "REACH_TIMEOUT_S", 0.5)  # this head never answers
+        monkeypatch.setattr(prepare, "ANSWER_TIMEOUT_S", 0.5)  # this head never answers
         found = str(tmp_path / "ray" / "ray_current_cluster")
         assert prepare.auto_address() == (address, found)
-        prepare.prepare_ray_environment("auto")
+        with pytest.raises(TrainingError, match="takes connections but did not answer"):
+            prepare.prepare_ray_environment("auto")  # Ray's settings made before that
         assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.7:6379")  # Ray's own order: this one first
     assert prepare.auto_address() == ("10.0.0.7:6379", "$RAY_ADDRESS")
