@@ -336,13 +336,12 @@ def evaluate(settings: Settings) -> dict:
     if "step" in state and not settings.run.random_policy:  # which checkpoint was played
         report["step"] = state["step"]
     report["num_episodes"] = len(episodes)
-    if not settings.run.random_policy:
-        report["actions"] = "sampled" if settings.run.sample_actions else "greedy"
     if settings.run.random_policy:
         report["policy"] = "random"
         eval_path = os.path.join(settings.run.run_dir, "eval_random.json")
         os.makedirs(settings.run.run_dir, exist_ok=True)
     else:
+        report["actions"] = "sampled" if settings.run.sample_actions else "greedy"
         # The models hold parameters only (no buffers such as batch-norm statistics).
         report["parameters"] = sum(t.numel() for t in state["model_state_dict"].values())
         eval_path = os.path.join(settings.run.run_dir, "eval.json")

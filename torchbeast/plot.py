@@ -40,7 +40,6 @@ from torchbeast.curves import (
     smooth,
     sps_curve,
 )
-from torchbeast.study import SPEC_NAME
 
 DEFAULT_SAVEDIR = "~/logs/torchbeast"
 DEFAULT_SMOOTH = 1  # the 100-episode mean needs none
@@ -172,6 +171,8 @@ def _file_label(path: Path) -> str:
 
 def _load(run: Run) -> dict[str, np.ndarray]:
     """Read a run's logs, turning user-fixable problems into PlotError."""
+    from torchbeast.study import SPEC_NAME  # noqa: PLC0415 - a study's, here only
+
     if not run.logs_path.is_file() and (run.folder / SPEC_NAME).is_file():
         raise PlotError(
             f"{run.folder} holds a study, not a run: draw it with python -m "
@@ -261,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = _resolve_runs(args.paths, args.xpid, args.savedir)
         if not args.label:
             runs = once_each(runs)
-        if args.label:
+        else:
             if len(args.label) != len(runs):
                 raise PlotError(
                     f"{len(args.label)} --label for {len(runs)} runs: give one per run, "

@@ -413,14 +413,11 @@ EVAL_OWN_KEYS = {
 }
 
 
-# Flags a study decides for its cells' training, with the values that would undo it (in
-# [flags] or an axis), and why.
+# Flags a study decides for its cells' training: the one value it takes (in [flags] or an
+# axis), and why.
 TRAINING_OWN_KEYS = {
-    "mode": (lambda value: value != "train", "each cell trains (--mode train), then is evaluated"),
-    "disable_checkpoint": (
-        lambda value: value is True,
-        "each cell's evaluation plays its checkpoint",
-    ),
+    "mode": ("train", "each cell trains (--mode train), then is evaluated"),
+    "disable_checkpoint": (False, "each cell's evaluation plays its checkpoint"),
 }
 
 
@@ -431,23 +428,24 @@ def check_values(
     value, a named set of flags that sets a flag or another axis of the study (the cell's
     label would say one value and the run take another), a key of the study's own in
     [eval]."""
-    values = [*flags.items(), *eval_flags.items()]
+    from_axes: list[tuple[str, object]] = []  # each flag an axis value sets, and its value
     for axis, axis_values in axes.items():
         for value in axis_values:
             if not isinstance(value, dict):
-                values.append((axis, value))
+                from_axes.append((axis, value))
                 continue
             for name, flag_value in value.items():
                 if name == "name":
                     continue
-                values.append((name, flag_value))
+                from_axes.append((name, flag_value))
                 if name in flags or (name in axes and name != axis):
                     where = "a flag" if name in flags else "an axis"
                     raise StudyError(
                         f"{path}: the set {value['name']!r} of axis {axis} sets {name}, "
                         f"which is also {where} of the study: keep one"
                     )
-    for name, value in values:
+    trained = [*flags.items(), *from_axes]
+    for name, value in [*trained, *eval_flags.items()]:
         try:
             toml_value(value)
         except StudyError as error:
@@ -458,14 +456,11 @@ def check_values(
     if os.path.isabs(video) or video.split(os.sep)[0] == "..":
         raise StudyError(  # every cell's video was written to the one file, each over the last
             f"{path}: [eval] video = {eval_flags['video']!r}: each cell records its own, in "
-            "its folder: "
-            'give a file name, e.g. video = "play.gif"'
+            'its folder: give a file name, e.g. video = "play.gif"'
         )
-    # The training's flags: [flags], then the axes' values (after [eval]'s in ``values``).
-    trained = [*flags.items(), *values[len(flags) + len(eval_flags) :]]
     for name, value in trained:
-        undoes, reason = TRAINING_OWN_KEYS.get(name, (lambda value: False, ""))
-        if undoes(value):
+        if name in TRAINING_OWN_KEYS and value != TRAINING_OWN_KEYS[name][0]:
+            reason = TRAINING_OWN_KEYS[name][1]
             raise StudyError(
                 f"{path}: the cells' training sets {name} = {toml_value(value)}, but {reason}"
             )

@@ -93,8 +93,8 @@ def replace_folder(folder: Path, archive: bytes) -> None:
 
 
 def plain(line: str) -> str:
-    """A line of Ray's without its terminal colours, at most 200 characters (its errors
-    run long): for the study's table."""
+    """A line of Ray's (or a cell's error) without terminal colours, at most 200
+    characters (Ray's errors run long): for the study's table."""
     return re.sub(r"\x1b\[[0-9;]*m", "", line)[:200]
 
 
@@ -205,7 +205,7 @@ class ClusterCells:
             return state
         except ray.exceptions.RayTaskError as error:  # the cell's own code raised, there
             cause = error.cause if isinstance(error.cause, BaseException) else error
-            return self.record(cell, {}, f"{type(cause).__name__}: {cause}"[:300])
+            return self.record(cell, {}, plain(f"{type(cause).__name__}: {cause}"))
         except ray.exceptions.RayError as error:  # its node or worker died
             if self.stopping:
                 return None  # killed by ``stop`` before it ran
