@@ -703,3 +703,14 @@ def test_a_failure_here_is_not_recorded_as_an_earlier_nodes():
         plain("\x1b[36mray::CellWorker.run()\x1b[39m (pid=8067)")
         == "ray::CellWorker.run() (pid=8067)"
     )
+
+
+def test_a_study_a_cluster_refused_leaves_no_folder_behind(tmp_path):
+    # It left the study's folder holding only its lock, as if the study were there.
+    from torchbeast import study
+
+    path = write_study(tmp_path, "seed = [1]")
+    args = study.make_parser().parse_args([path, "--ray_address", "127.0.0.1:1"])
+    with pytest.raises(study.StudyError, match="cannot reach a Ray cluster at"):
+        study.run_study(args)
+    assert not (tmp_path / "runs" / "grid").exists()

@@ -957,21 +957,38 @@ def run_study(args: argparse.Namespace) -> tuple[Study, list[dict]]:
     if args.parallel is not None and args.parallel < 1:
         raise StudyError(f"--parallel must be at least 1, got {args.parallel}")
     check_cells(args.study, study, draws_here=args.ray_address is None)
+    made_folder = not study.folder.exists()
     study = claim_folder(study)
     cells = study.cells()
     progress = Progress()
-    with only_run_of(study):
-        try:
-            with executor_for(study, args, len(cells)) as executor:
-                write_table(study, cells)  # the folder says what it holds from the start
-                say(f"Study {study.name}: {len(cells)} cells, {executor.where}, in {study.folder}")
-                runner = Runner(executor, lambda progress: write_table(study, cells, progress))
-                progress = runner.progress
-                runner.run(cells)
-        except KeyboardInterrupt:
-            write_table(study, cells, progress)
-            raise
-        return study, write_table(study, cells, progress)
+    try:
+        with only_run_of(study):
+            try:
+                with executor_for(study, args, len(cells)) as executor:
+                    write_table(study, cells)  # the folder says what it holds from the start
+                    say(
+                        f"Study {study.name}: {len(cells)} cells, {executor.where}, in {study.folder}"
+                    )
+                    runner = Runner(executor, lambda progress: write_table(study, cells, progress))
+                    progress = runner.progress
+                    runner.run(cells)
+            except KeyboardInterrupt:
+                write_table(study, cells, progress)
+                raise
+            return study, write_table(study, cells, progress)
+    finally:
+        if made_folder:
+            remove_if_unused(study.folder)
+
+
+def remove_if_unused(folder: Path) -> None:
+    """Removes a study's folder this command made and wrote nothing into but its lock (a
+    cluster refused it, or Ctrl-C came before the first table): it would otherwise say the
+    study was there."""
+    with contextlib.suppress(OSError):  # what went wrong before is what the user sees
+        if [path.name for path in folder.iterdir()] == [LOCK_NAME]:
+            (folder / LOCK_NAME).unlink()
+            folder.rmdir()
 
 
 def main(argv: list[str] | None = None) -> int:
