@@ -32,6 +32,7 @@ from tests.test_polybeast import (
     LEARNER,
     REPO,
     bad_stream,
+    env_hello,
     logged_steps,
     step_of,
     text,
@@ -74,7 +75,7 @@ def playing_stream(
     """A client that answers every Action with ``make_step(t)`` for ``steps`` steps; returns
     the error the learner closed its stream with (None if it never did)."""
     outgoing: queue.Queue = queue.Queue()
-    outgoing.put(codec.hello(client_id, spec))
+    outgoing.put(env_hello(client_id, spec))
     outgoing.put(make_step(0))
     with grpc.insecure_channel(address) as channel:
         call = pb_grpc.LearnerStub(channel).ConnectEnv(iter(outgoing.get, None), timeout=120)
@@ -151,7 +152,7 @@ def test_a_stream_whose_frame_breaks_inference_gives_the_learner_nothing(tmp_pat
     frames = [[0.1] * 4, [0.2] * 4, *HUGE_FRAMES]
     try:
         with pytest.raises(StreamClosed, match="non-finite outputs"):
-            serve(pool, [codec.hello("huge", CARTPOLE), *map(cartpole_step, frames)])
+            serve(pool, [env_hello("huge", CARTPOLE), *map(cartpole_step, frames)])
         assert pool.queue.qsize() == 0
         assert not pool.watch.streams
     finally:
@@ -164,7 +165,7 @@ def test_a_stream_that_ends_right_after_a_whole_rollout_logs_its_episode_as_left
     for t, message in enumerate(steps):
         message.step.episode_step[0], message.step.episode_return[0] = t, 0.5 * t
     try:
-        assert serve(pool, [codec.hello("whole", CARTPOLE), *steps]) == 21
+        assert serve(pool, [env_hello("whole", CARTPOLE), *steps]) == 21
         assert pool.queue.qsize() == 1  # the whole rollout, and no empty one after it
     finally:
         pool.stop()
@@ -219,7 +220,7 @@ def test_a_resumed_learner_refuses_peers_of_another_spec_and_keeps_its_checkpoin
     # Serving starts just after that line: a stream sooner would find no server.
     wait_for(lambda: "Learner serving env clients on" in text(second_log), 60, "serving")
     other = EnvSpec("CartPole-v1", (4,), np.dtype("float32"), 3)
-    error = bad_stream(address, [codec.hello("other", other)], token=None)
+    error = bad_stream(address, [env_hello("other", other)], token=None)
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "(float32 [4], 3 actions) does not match" in error.details()
     assert checkpoint.read_bytes() == saved
@@ -249,7 +250,7 @@ def test_idle_streams_are_closed_and_free_their_slot(tmp_path, processes, socket
     wait_for(lambda: os.path.exists(f"{sockets}/learner"), 60, "the learner to listen")
     silent: queue.Queue = queue.Queue()  # connects, says nothing
     idle: queue.Queue = queue.Queue()  # a Hello and a first Step, then nothing
-    idle.put(codec.hello("idle", CARTPOLE))
+    idle.put(env_hello("idle", CARTPOLE))
     idle.put(cartpole_step([0.0] * 4))
     errors: dict[str, grpc.RpcError] = {}
 
@@ -494,7 +495,7 @@ def test_rollouts_that_make_the_loss_non_finite_are_dropped_and_their_stream_clo
 
 def test_a_learner_told_its_env_refuses_a_hello_that_disagrees(cartpole_run):
     liar = EnvSpec("CartPole-v1", (5,), np.dtype("float32"), 3)
-    error = bad_stream(cartpole_run.address, [codec.hello("liar", liar)], token=None)
+    error = bad_stream(cartpole_run.address, [env_hello("liar", liar)], token=None)
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "CartPole-v1 (float32 [5], 3 actions)" in error.details()
     assert "the run's CartPole-v1 (float32 [4], 2 actions)" in error.details()
@@ -504,7 +505,7 @@ def test_a_learner_told_its_env_refuses_a_hello_that_disagrees(cartpole_run):
 
 def test_a_learner_refuses_a_hello_whose_episode_extras_are_not_the_runs(cartpole_run):
     reporting = dataclasses.replace(CARTPOLE, episode_extras=("coins",))
-    error = bad_stream(cartpole_run.address, [codec.hello("coins", reporting)], token=None)
+    error = bad_stream(cartpole_run.address, [env_hello("coins", reporting)], token=None)
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "CartPole-v1 (float32 [4], 2 actions, episode extras coins)" in error.details()
     assert "the run's CartPole-v1 (float32 [4], 2 actions)" in error.details()
@@ -514,7 +515,7 @@ def test_a_learner_refuses_a_hello_whose_episode_extras_are_not_the_runs(cartpol
 @pytest.mark.parametrize("num_actions", [1_000_000, 2**31 - 1])
 def test_a_hello_with_a_huge_action_count_is_refused(cartpole_run, num_actions):
     spec = EnvSpec("CartPole-v1", (4,), np.dtype("float32"), num_actions)
-    error = bad_stream(cartpole_run.address, [codec.hello("greedy", spec)], token=None)
+    error = bad_stream(cartpole_run.address, [env_hello("greedy", spec)], token=None)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"num_actions {num_actions} is not in [1, 4096]" in error.details()
     cartpole_run.assert_still_trains()
@@ -523,7 +524,7 @@ def test_a_hello_with_a_huge_action_count_is_refused(cartpole_run, num_actions):
 def test_messages_that_do_not_parse_are_refused_and_logged(cartpole_run):
     assert pb.ArrayNest.DESCRIPTOR.fields_by_name["vector"].number == 2
     address = cartpole_run.address
-    hello = codec.hello("client", CARTPOLE).SerializeToString()
+    hello = env_hello("client", CARTPOLE).SerializeToString()
     garbage = {
         "random bytes": raw_stream(address, [b"\xff" * 10 + b"\x01"]),
         "nested 150 deep": raw_stream(address, [hello, nested(150)]),
@@ -540,7 +541,7 @@ def test_bare_hellos_cost_the_learner_no_memory(pong_learner):
     held = []
     for i in range(8):  # each announces 128 Pong envs: 131 MiB of buffers if allocated
         requests: queue.Queue = queue.Queue()
-        requests.put(codec.hello(f"bare-{i}", PONG, 128))
+        requests.put(env_hello(f"bare-{i}", PONG, 128))
         channel = grpc.insecure_channel(pong_learner.address)
         held.append(
             (channel, requests, pb_grpc.LearnerStub(channel).ConnectEnv(iter(requests.get, None)))
@@ -561,7 +562,7 @@ def test_a_stream_over_the_memory_budget_is_refused(pong_learner):
             **{name: [0] * 64 for name in codec.STEP_FIELDS},
         )
     )
-    error = bad_stream(pong_learner.address, [codec.hello("big", PONG, 64), step], token=None)
+    error = bad_stream(pong_learner.address, [env_hello("big", PONG, 64), step], token=None)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "--stream_memory_mb" in error.details()
     assert pong_learner.learner.poll() is None
@@ -577,7 +578,7 @@ def streams_carrying(text: str) -> dict[str, list[pb.EnvMessage]]:
     """One stream per string field of the protocol, with ``text`` in that field."""
 
     def hello() -> pb.EnvMessage:
-        return codec.hello("strings", CARTPOLE)
+        return env_hello("strings", CARTPOLE)
 
     def step() -> pb.EnvMessage:
         return step_of(np.zeros((1, 4), np.float32))
@@ -599,7 +600,7 @@ def streams_carrying(text: str) -> dict[str, list[pb.EnvMessage]]:
 
 def test_a_hello_of_a_hundred_thousand_dimensions_is_refused_in_a_short_line(cartpole_run):
     many = EnvSpec("CartPole-v1", (1,) * 100_000, np.dtype("float32"), 2)
-    error = bad_stream(cartpole_run.address, [codec.hello("dims", many)], token=None)
+    error = bad_stream(cartpole_run.address, [env_hello("dims", many)], token=None)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "an observation of 100000 dimensions is not allowed (at most 8)" in error.details()
     cartpole_run.assert_still_trains()

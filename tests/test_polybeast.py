@@ -20,6 +20,9 @@ import torch
 
 from tests.test_monobeast import STOPPED_BY_SIGTERM, actor_pids, processes_in_group, read_rows
 from tests.test_riverraid import assert_fuel_proxy_logged, steer_right
+from torchbeast import envs
+from torchbeast.config.env import env_settings
+from torchbeast.config.parsers import make_env_parser
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import codec
 from torchbeast.runtime.poly import polybeast_pb2 as pb
@@ -29,6 +32,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CARTPOLE = EnvSpec("CartPole-v1", (4,), np.dtype("float32"), 2)
 LEARNER = ["--env", "CartPole-v1", "--batch_size", "2", "--unroll_length", "20", "--disable_cuda"]
 ENV = ["--env", "CartPole-v1"]
+
+
+def env_hello(client_id: str, spec: EnvSpec, num_envs: int = 1) -> pb.EnvMessage:
+    """A Hello as an env side sends it: with the env family flags its envs were made with
+    (the flags' defaults), which the learner checks as it checks the spec."""
+    options = env_settings(make_env_parser().parse_args(ENV)).options
+    return codec.hello(client_id, spec, num_envs, dict(options))
 
 
 def free_port() -> int:
@@ -451,7 +461,7 @@ def test_tls_with_a_self_signed_certificate(tmp_path, processes):
     # A client without TLS cannot talk to it.
     with grpc.insecure_channel(address) as channel:
         call = pb_grpc.LearnerStub(channel).ConnectEnv(
-            iter([codec.hello("plain", CARTPOLE)]), timeout=5
+            iter([env_hello("plain", CARTPOLE)]), timeout=5
         )
         with pytest.raises(grpc.RpcError) as refused:
             list(call)
@@ -642,7 +652,7 @@ def test_malformed_and_unauthenticated_streams_are_refused_and_training_goes_on(
         log=tmp_path / "client.log", env=token,
     )  # fmt: skip
     wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training to start")
-    hello = codec.hello("bad-client", CARTPOLE)
+    hello = env_hello("bad-client", CARTPOLE)
     good_frame = np.zeros((1, 4), np.float32)
 
     refusals = {
@@ -651,7 +661,7 @@ def test_malformed_and_unauthenticated_streams_are_refused_and_training_goes_on(
         "wrong dtype": bad_stream(address, [hello, step_of(good_frame.astype(np.int32))]),
         "wrong shape": bad_stream(address, [hello, step_of(np.zeros((1, 5), np.float32))]),
         "oversized": bad_stream(address, [hello, step_of(np.zeros((1, 2**20), np.float32))]),
-        "other env": bad_stream(address, [codec.hello("x", EnvSpec("Other-v0", (4,), np.dtype("float32"), 3))]),  # noqa: E501
+        "other env": bad_stream(address, [env_hello("x", EnvSpec("Other-v0", (4,), np.dtype("float32"), 3))]),  # noqa: E501
     }  # fmt: skip
     codes = {name: error.code() for name, error in refusals.items()}
     assert codes == {
@@ -667,6 +677,38 @@ def test_malformed_and_unauthenticated_streams_are_refused_and_training_goes_on(
     log = text(learner_log)
     assert log.count("no valid auth token") == 2
     assert "Traceback" not in log
+
+
+def test_a_learner_told_its_env_refuses_streams_of_envs_made_with_other_reward_flags(
+    tmp_path, processes, sockets
+):
+    # The first stream decided the reward flags even where the learner was told them: one
+    # told --fuel_multiplier 5 took envs of 2, then refused envs made as it was.
+    riverraid = ["--env", "RiverraidNoFrameskip-v4", "--fuel_multiplier", "5"]
+    address = f"unix:{sockets}/learner"
+    learner_log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", *riverraid, *LEARNER[2:], "--hidden_size", "64",
+        "--serve", address, "--total_steps", "200", "--savedir", str(tmp_path), "--xpid", "r",
+        log=learner_log,
+    )  # fmt: skip
+    spec = envs.env_spec(env_settings(make_env_parser().parse_args(riverraid)))
+    wait_for(lambda: os.path.exists(f"{sockets}/learner"), 60, "the learner to listen")
+    two = codec.hello("two", spec, 1, {"fuel_multiplier": 2.0, "no_fire_on_life_loss": False})
+    bare = codec.hello("bare", spec)
+    refusals = [bad_stream(address, [hello], token=None) for hello in (two, bare)]
+    assert [error.code() for error in refusals] == [grpc.StatusCode.FAILED_PRECONDITION] * 2
+    assert refusals[0].details() == (
+        "environment made with --fuel_multiplier 2.0 --no_fire_on_life_loss False does not "
+        "match the run's environments, made with --fuel_multiplier 5.0 --no_fire_on_life_loss "
+        "False"
+    )
+    assert "environment made with none does not match" in refusals[1].details()
+    processes(
+        "torchbeast.polybeast_env", *riverraid, "--connect", address, "--num_servers", "1",
+        log=tmp_path / "client.log",
+    )  # fmt: skip
+    assert learner.wait(timeout=120) == 0, text(learner_log)
 
 
 def test_a_learner_listening_beyond_this_machine_needs_a_token(tmp_path):

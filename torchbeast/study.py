@@ -966,9 +966,8 @@ def run_study(args: argparse.Namespace) -> tuple[Study, list[dict]]:
             try:
                 with executor_for(study, args, len(cells)) as executor:
                     write_table(study, cells)  # the folder says what it holds from the start
-                    say(
-                        f"Study {study.name}: {len(cells)} cells, {executor.where}, in {study.folder}"
-                    )
+                    where = f"{executor.where}, in {study.folder}"
+                    say(f"Study {study.name}: {len(cells)} cells, {where}")
                     runner = Runner(executor, lambda progress: write_table(study, cells, progress))
                     progress = runner.progress
                     runner.run(cells)

@@ -33,20 +33,20 @@ class RunSpec:
 
     def register(self, client_id: str, spec: EnvSpec, env_options: dict[str, object]) -> None:
         """Checks a Hello's spec and env options against the run's; the first Hello
-        decides the spec only when the learner was told nothing about the environment,
-        and the options always (an older env side sends none: not checked)."""
+        decides the spec and the options only where the learner was told nothing of them
+        (no --env, and no checkpoint that records them)."""
         with self.lock:
             if self.spec is not None and spec != self.spec:
                 raise SpecMismatch(
                     f"environment {describe_spec(spec)} does not match the run's "
                     f"{describe_spec(self.spec)}"
                 )
-            if env_options and self.env_options not in (None, env_options):
+            if self.env_options is not None and env_options != self.env_options:
                 raise SpecMismatch(
                     f"environment made with {describe_options(env_options)} does not match "
                     f"the run's environments, made with {describe_options(self.env_options)}"
                 )
-            if env_options and self.env_options is None:
+            if self.env_options is None:
                 self.env_options = env_options  # before the spec is known: read with it
             if self.spec is None:
                 self.spec = spec

@@ -18,6 +18,7 @@ from torchbeast import envs
 from torchbeast.config.settings import RunSettings, Settings, env_side_of
 from torchbeast.core import checkpoint
 from torchbeast.core.spec import EnvSpec
+from torchbeast.envs.settings import EnvSettings
 from torchbeast.runtime.poly import env_side, network
 from torchbeast.runtime.poly.learner_end import PolyActorPool
 from torchbeast.runtime.training import Trainer
@@ -65,8 +66,8 @@ def learner_spec(settings: Settings) -> tuple[EnvSpec | None, dict[str, object] 
     the learner was told nothing: then the first env stream decides. And, resuming a run
     whose learner was told nothing, the env options its checkpoint recorded (its env
     servers' reward proxy, say): env streams made with others are refused too."""
-    if settings.env.env:
-        return envs.env_spec(settings.env), None  # an unknown --env: one line, at start-up
+    if settings.env.env:  # an unknown --env: one line, at start-up
+        return envs.env_spec(settings.env), hello_options(settings.env)
     path = checkpoint.path_in(settings.run.run_dir)
     if not os.path.exists(path):
         return None, None
@@ -82,6 +83,11 @@ def learner_spec(settings: Settings) -> tuple[EnvSpec | None, dict[str, object] 
     if not checkpoint.saves_episode_extras(state):  # an older checkpoint: the flags tell them
         return envs.env_spec(env), options or None
     return checkpoint.saved_spec(state), options or None
+
+
+def hello_options(env: EnvSettings) -> dict[str, object]:
+    """The env family flags as a Hello carries them: each that is not None."""
+    return {name: value for name, value in env.options if value is not None}
 
 
 def check_run_dir(run: RunSettings) -> None:
