@@ -503,3 +503,17 @@ def test_num_episodes_in_training_is_refused_saying_what_stops_training(capsys):
         "error: --num_episodes counts the games of --mode test and eval; training stops at "
         "--total_steps" in error
     )
+
+
+@pytest.mark.parametrize(
+    "argv, shown",
+    [
+        (["--auth_token", "k", "--alpha", "1"], ["--auth_token", "(hidden)", "--alpha", "1"]),
+        (["--auth_token=k"], ["--auth_token=(hidden)"]),
+        (["--auth_t", "k"], ["--auth_t", "(hidden)"]),  # a prefix argparse takes
+    ],
+)
+def test_the_recorded_command_line_hides_the_auth_token(argv, shown):
+    from torchbeast.config.poly import without_secrets
+
+    assert without_secrets(argv) == shown

@@ -451,11 +451,11 @@ def test_tls_with_a_self_signed_certificate(tmp_path, processes):
     learner = processes(
         "torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--tls_cert", str(cert),
         "--tls_key", str(key), "--total_steps", "200", "--savedir", str(tmp_path),
-        "--xpid", "r", log=learner_log,
+        "--xpid", "r", "--auth_token", "s3cret-7f1", log=learner_log,
     )  # fmt: skip
     processes(
         "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
-        "--tls_ca", str(cert), log=tmp_path / "client.log",
+        "--tls_ca", str(cert), "--auth_token", "s3cret-7f1", log=tmp_path / "client.log",
     )  # fmt: skip
     wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training over TLS")
     # A client without TLS cannot talk to it.
@@ -467,6 +467,14 @@ def test_tls_with_a_self_signed_certificate(tmp_path, processes):
             list(call)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     assert learner.wait(timeout=120) == 0, text(learner_log)
+    # The token is in no record of the run: its folder is shared, and committed (it was in
+    # meta.json and model.tar); where it came from is.
+    saved = torch.load(tmp_path / "r" / "model.tar", weights_only=True)["flags"]
+    assert "auth_token" not in saved
+    meta = json.loads((tmp_path / "r" / "meta.json").read_text())
+    assert "auth_token" not in meta["flags"] and meta["sources"]["auth_token"] == "command line"
+    for path in (tmp_path / "r").rglob("*"):
+        assert not path.is_file() or b"s3cret-7f1" not in path.read_bytes(), path
 
 
 @pytest.mark.parametrize(

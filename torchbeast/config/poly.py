@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -17,6 +18,29 @@ from torchbeast.core.settings import flag
 from torchbeast.envs.settings import EnvSettings
 
 TOKEN_ENV_VAR = "TORCHBEAST_AUTH_TOKEN"  # where --auth_token is read from when not given
+# Flags whose values no record holds (meta.json, checkpoints: run folders are shared and
+# committed); the record says only where the value came from.
+SECRET_FLAGS = ("auth_token",)
+HIDDEN = "(hidden)"
+
+
+def without_secrets(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the values of ``SECRET_FLAGS`` hidden (``--auth_token X``,
+    ``--auth_token=X``, or a prefix of the flag, which argparse takes too)."""
+    shown: list[str] = []
+    hide_next = False
+    for arg in argv:
+        name, equals, _ = arg.partition("=")
+        secret = name.startswith("--") and len(name) > 2
+        secret = secret and any(f"--{flag}".startswith(name) for flag in SECRET_FLAGS)
+        if hide_next:
+            shown.append(HIDDEN)
+        elif secret and equals:
+            shown.append(f"{name}={HIDDEN}")
+        else:
+            shown.append(arg)
+        hide_next = secret and not equals and not hide_next
+    return shown
 
 
 @dataclass(frozen=True)

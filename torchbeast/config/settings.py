@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from torchbeast.config.declared import from_flags
 from torchbeast.config.env import env_settings
-from torchbeast.config.poly import PolyEnvSettings
+from torchbeast.config.poly import SECRET_FLAGS, PolyEnvSettings
 from torchbeast.config.resolvers import DEFAULT_ENVS_PER_ACTOR
 from torchbeast.core.settings import (
     LASER,
@@ -232,7 +232,7 @@ def build_settings(
         run=from_flags(
             RunSettings,
             flags,
-            flags=tuple(vars(flags).items()),
+            flags=tuple((k, v) for k, v in vars(flags).items() if k not in SECRET_FLAGS),
             sources=tuple((sources or {}).items()),
         ),
         env=env_settings(flags),

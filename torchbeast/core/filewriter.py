@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 
 from torchbeast.core.errors import RunFolderError, UserError, write_failure
@@ -67,10 +67,12 @@ class FileWriter:
         tensorboard: bool = True,
         sources: Mapping[str, str] | None = None,
         resumed_step: int | None = None,
+        command: Sequence[str] | None = None,
     ):
-        """``resumed_step``: the step of the checkpoint the run goes on from; it appends
-        to its files, less the rows of later updates (a run killed before it could save
-        them). None: a new run; another run's files in the folder are set aside
+        """``command``: the command line to record (default ``sys.argv``; the caller hides
+        secrets in it). ``resumed_step``: the step of the checkpoint the run goes on from;
+        it appends to its files, less the rows of later updates (a run killed before it
+        could save them). None: a new run; another run's files in the folder are set aside
         (``set_aside``)."""
         resuming = resumed_step is not None
         self.directory = os.path.join(savedir, xpid)
@@ -109,7 +111,7 @@ class FileWriter:
             "successful": False,
             "versions": versions(),
             "git_commit": git_commit(),
-            "command": sys.argv,
+            "command": list(sys.argv if command is None else command),
         }
 
         self.fieldnames: list[str] = []

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Hashable, Mapping
@@ -25,6 +26,7 @@ from torch import nn
 from torchbeast import envs
 from torchbeast.config.flags import DERIVED
 from torchbeast.config.layers import DEFAULT
+from torchbeast.config.poly import without_secrets
 from torchbeast.config.settings import ReplaySettings, Settings
 from torchbeast.core import checkpoint, rollout
 from torchbeast.core.errors import RunFolderError, UserError
@@ -300,6 +302,7 @@ class Trainer:
             self.recorded_flags,
             sources=self.recorded_sources,
             resumed_step=self.learner.step if resumed else None,
+            command=without_secrets(sys.argv),
         )
         if resumed:
             log.info("Resuming from %s (%s).", self.checkpoint.path, self.checkpoint.summary())
