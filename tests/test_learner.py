@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.settings_for_tests import Setup, setup
-from torchbeast.core import losses, vtrace
+from torchbeast.core import losses, rollout, vtrace
 from torchbeast.core.diagnostics import explained_variance
 from torchbeast.core.learner import Learner, NonFiniteLossError, UndoBuffer
 from torchbeast.core.models import create_model, model_config
@@ -441,6 +441,35 @@ def test_data_in_padded_steps_changes_neither_losses_nor_gradients(use_lstm):
         assert stats[name] == pytest.approx(noisy_stats[name], rel=1e-6, abs=1e-9), name
     for grad, noisy_grad in zip(grads, noisy_grads, strict=True):
         torch.testing.assert_close(grad, noisy_grad, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("use_lstm", [False, True])
+def test_a_batch_without_the_rollout_that_broke_it_learns_as_its_other_columns(use_lstm):
+    # PolyBeast's learner, given a peer's rollout that makes the loss infinite: it learns
+    # from the others (it dropped the whole batch, and a peer sending such rollouts again
+    # and again held back every other's).
+    case = make_setup(**UNCLIPPED, use_lstm=use_lstm, reward_clipping="none")
+    batch = make_batch()
+    batch["reward"][2, 1] = 3e38  # finite, but not its square in the baseline loss
+    model = make_model(case)
+    learner = Learner(case.learner, model)
+    state = model.initial_state(B)
+    with pytest.raises(NonFiniteLossError):
+        learner.learn(batch, state)
+    assert learner.nonfinite_columns(batch, state, B) == [1]
+
+    stats = learner.learn(
+        rollout.without_columns(batch, [1]), rollout.without_state_columns(state, [1])
+    )
+    grads = [p.grad.clone() for p in model.parameters()]
+    others = {name: tensor[:, [0, 2]] for name, tensor in batch.items()}
+    other_stats, other_grads = learn_with_gradients(case, others)
+
+    for name in LOSSES:
+        assert stats[name] == pytest.approx(other_stats[name], rel=1e-5), name
+    assert stats["step"] == learner.step == 2 * T
+    for grad, other_grad in zip(grads, other_grads, strict=True):
+        torch.testing.assert_close(grad, other_grad, rtol=1e-5, atol=1e-6)
 
 
 def test_step_counts_only_the_real_new_steps():

@@ -486,11 +486,53 @@ def test_rollouts_that_make_the_loss_non_finite_are_dropped_and_their_stream_clo
         "rich",
     )  # fmt: skip
     assert error is not None, "the learner never closed the stream"
-    wait_for(lambda: "Closed the streams of rich" in cartpole_run.output(), 10, "the warning")
-    assert "Dropped a batch" in cartpole_run.output()
+    wait_for(lambda: "Closed the streams of rich." in cartpole_run.output(), 10, "the warning")
     cartpole_run.assert_still_trains()
     rows = read_rows(cartpole_run.folder / "r" / "logs.csv")
     assert all(np.isfinite(float(row["total_loss"])) for row in rows)
+
+
+def test_a_peer_that_breaks_the_loss_again_and_again_neither_stops_nor_stalls_the_run(
+    tmp_path, sockets
+):
+    # Each time its stream was closed it came back: alone, it stopped the run ("none of the
+    # first 100 batches could be learnt from"); beside a good client, every batch it was in
+    # was dropped, and the run learnt nothing more, with two warnings a batch.
+    address = f"unix:{sockets}/learner"
+    learner = spawn(
+        "torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--reward_clipping",
+        "none", "--total_steps", "100000000", "--savedir", str(tmp_path), "--xpid", "r",
+        log=tmp_path / "learner.log",
+    )  # fmt: skip
+    running, started = Running(address, tmp_path, learner), []
+    stop = threading.Event()
+
+    def come_back_again_and_again() -> None:
+        while not stop.is_set():
+            rich = lambda t: cartpole_step([0.0] * 4, reward=3e38)  # noqa: E731
+            started.append(playing_stream(address, CARTPOLE, rich, 100, "rich"))
+
+    wait_for(lambda: os.path.exists(f"{sockets}/learner"), 60, "the learner to listen")
+    flood = threading.Thread(target=come_back_again_and_again)
+    flood.start()
+    client = None
+    try:
+        wait_for(lambda: len(started) > 150, 120, "150 streams of the peer")
+        assert learner.poll() is None, running.output()
+        client = spawn(
+            "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
+            log=tmp_path / "client.log",
+        )  # fmt: skip
+        wait_for(lambda: sum(logged_steps(tmp_path / "r")[-1:]) > 4000, 120, "learning to go on")
+    finally:
+        stop.set()
+        flood.join(timeout=60)
+        kill_groups([learner, *([client] if client else [])])
+    output = running.output()
+    assert "Learnt from a batch without the rollouts of rich/0" in output
+    assert "more batches dropped or learnt from in part in the last" in output  # a count
+    assert output.count("Dropped a batch") + output.count("Learnt from a batch") < len(started)
+    assert "Traceback" not in output
 
 
 def test_a_learner_told_its_env_refuses_a_hello_that_disagrees(cartpole_run):

@@ -141,6 +141,30 @@ def ended_episodes(
     return returns, extras  # no extras: []
 
 
+def without_columns(batch: Mapping[str, torch.Tensor], columns: Sequence[int]) -> dict:
+    """``batch`` ([T+1, B, ...]) with ``columns`` emptied: zeros, marked by ``"mask"`` as
+    rollouts of no steps (only index 0 real), so that they add nothing to an update (its
+    losses, gradient, step count, episode figures) while the batch keeps its shape."""
+    kept = {key: value.clone() for key, value in batch.items()}
+    if "mask" not in kept:
+        kept["mask"] = torch.ones(
+            batch["reward"].shape[:2], dtype=torch.bool, device=batch["reward"].device
+        )
+    for value in kept.values():
+        value[:, list(columns)] = 0
+    kept["mask"][0, list(columns)] = True
+    return kept
+
+
+def without_state_columns(core_state: Sequence[torch.Tensor], columns: Sequence[int]) -> tuple:
+    """An LSTM's initial state ([layers, B, H] each) with ``columns`` zeroed, as
+    ``without_columns`` empties a batch's."""
+    kept = tuple(state.clone() for state in core_state)
+    for state in kept:
+        state[:, list(columns)] = 0
+    return kept
+
+
 def _join(values: Sequence[Array], dim: int, stack: bool) -> torch.Tensor:
     """``values`` stacked (or concatenated) along ``dim`` in one copy: numpy arrays by numpy,
     then wrapped as they are; tensors by torch."""

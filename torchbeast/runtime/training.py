@@ -47,7 +47,7 @@ from torchbeast.core.weights import model_is_sound
 from torchbeast.envs.family import flag_text
 from torchbeast.runtime import layout
 from torchbeast.runtime.checkpointing import NOT_RESTORED_LINE, RunCheckpoint
-from torchbeast.runtime.console import setup_console_logging
+from torchbeast.runtime.console import RateLimitedLog, setup_console_logging
 from torchbeast.runtime.pool import Pool
 from torchbeast.runtime.progress import PROGRESS_INTERVAL_S, Progress, format_duration
 from torchbeast.runtime.supervision import Sigterm, Stopped, sigterm_handled
@@ -161,6 +161,7 @@ class Trainer:
         self.monitor_started: tuple[float, int] = (0.0, 0)  # when and where monitoring began
         # Batches dropped (drops_bad_batches) before this start's first applied update.
         self.drops_before_learning: int | None = 0  # None once an update was applied
+        self.peer_warnings = RateLimitedLog("batches dropped or learnt from in part")
         # Updates (and logging them, so that logs.csv keeps step order) one at a time.
         self.update_lock = threading.Lock()
         # Wall-clock seconds spent in updates (and logging them), and when the update under
@@ -224,41 +225,77 @@ class Trainer:
                     self.updating = (self.updating[0], started)
                     try:
                         stats = self.learner.learn(batch, core_state, num_online)
-                        self.drops_before_learning = None
-                        self.progress.record(stats, episode_returns, episode_extras)
-                        writer.log(stats | self.progress.figures())
                     except NonFiniteLossError as error:
                         if not pool.drops_bad_batches:
                             # The replay saved as the run stops must not hold them: the
                             # resumed run would draw them again.
                             self.forget_culprits(batch, core_state, sources)
                             raise
-                        self.drop_batch(pool, batch, core_state, sources, error)
+                        batch, stats = self.learn_without_culprits(
+                            pool, batch, core_state, sources, num_online, error
+                        )
+                        if stats is not None:  # the episodes of the rollouts kept
+                            online = {key: value[:, :num_online] for key, value in batch.items()}
+                            extra_keys = self.env_spec.extra_keys
+                            episode_returns, episode_extras = rollout.ended_episodes(
+                                online, extra_keys
+                            )
                     finally:
                         self.updating = (self.updating[0] + time.perf_counter() - started, None)
+                    if stats is not None:
+                        self.drops_before_learning = None
+                        self.progress.record(stats, episode_returns, episode_extras)
+                        writer.log(stats | self.progress.figures())
             # Done: the other learner threads may be waiting for rollouts that never come.
             self.stop_requested.set()
         except BaseException as error:  # surfaced by the main thread, not swallowed
             self.record_failure(error)
 
-    def drop_batch(
+    def learn_without_culprits(
         self,
         pool: Pool,
         batch: dict[str, torch.Tensor],
         core_state: tuple[torch.Tensor, ...],
         sources: list[Hashable],
+        num_online: int,
         error: NonFiniteLossError,
-    ) -> None:
-        """A batch from network peers that would make the loss non-finite is skipped, and
-        the streams whose rollouts do so on their own are closed: one peer cannot stop the
-        run. (With the user's own environments, MonoBeast and RayBeast, it stops the run.)"""
-        culprits = self.forget_culprits(batch, core_state, sources)
-        log.warning(
-            "Dropped a batch: %s. It came from %s.",
+    ) -> tuple[dict[str, torch.Tensor], dict[str, float] | None]:
+        """A batch from network peers that makes the loss non-finite: the streams whose
+        rollouts do so on their own are closed, and the update learns from the others (the
+        culprits' columns emptied); the batch learnt from and the update's stats, or None
+        where it is dropped (no culprit found, or none but culprits). One peer can neither
+        stop the run nor hold back what the others send. (With the user's own
+        environments, MonoBeast and RayBeast, it stops the run.)"""
+        columns = self.learner.nonfinite_columns(batch, core_state, len(sources))
+        culprits = [sources[column] for column in columns]
+        if culprits and self.replay is not None:
+            self.replay.forget(set(culprits))
+        closed = pool.close_streams(
+            {source[0] for source in culprits}, "its rollouts made the loss non-finite"
+        )
+        if culprits and len(culprits) < len(sources):
+            kept = rollout.without_columns(batch, columns)
+            kept_state = rollout.without_state_columns(core_state, columns)
+            try:
+                stats = self.learner.learn(kept, kept_state, num_online)
+            except NonFiniteLossError as again:  # the others too: dropped
+                error = again
+            else:
+                self.peer_warnings.warning(
+                    "Learnt from a batch without the rollouts of %s: they made its loss "
+                    "non-finite.%s",
+                    pool.describe_sources(culprits),
+                    f" Closed the streams of {', '.join(closed)}." if closed else "",
+                )
+                return kept, stats
+        self.peer_warnings.warning(
+            "Dropped a batch: %s. It came from %s.%s",
             error,
             pool.describe_sources(culprits or sources),
+            f" Closed the streams of {', '.join(closed)}." if closed else "",
         )
-        if self.drops_before_learning is not None:
+        if self.drops_before_learning is not None and not culprits:
+            # No rollout broke it on its own: the learner's settings are the likelier cause.
             self.drops_before_learning += 1
             if self.drops_before_learning >= DROPS_BEFORE_LEARNING_LIMIT:
                 raise NonFiniteLossError(
@@ -273,12 +310,7 @@ class Trainer:
                 "non-finite. Lower "
                 "--learning_rate, and start again from a checkpoint saved before (or anew)"
             ) from error
-        if culprits:
-            closed = pool.close_streams(
-                {source[0] for source in culprits}, "its rollouts made the loss non-finite"
-            )
-            if closed:
-                log.warning("Closed the streams of %s.", ", ".join(closed))
+        return batch, None
 
     def forget_culprits(
         self, batch: dict[str, torch.Tensor], core_state: tuple[torch.Tensor, ...], sources: list

@@ -4,12 +4,11 @@ its failures mapped to the status codes a client can act on."""
 from __future__ import annotations
 
 import logging
-import threading
-import time
 
 import grpc
 
 from torchbeast.core.errors import shown
+from torchbeast.runtime.console import RateLimitedLog
 from torchbeast.runtime.poly import codec
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
@@ -21,40 +20,12 @@ from torchbeast.runtime.queues import Closed
 log = logging.getLogger("torchbeast")
 
 
-class RateLimitedLog:
-    """Warnings about refused peers: at most ``burst`` lines per ``period_s``, then a count,
-    so that a flood of bad connections cannot flood the log."""
-
-    def __init__(self, burst: int = 20, period_s: float = 10.0):
-        self.burst, self.period_s = burst, period_s
-        self.lock = threading.Lock()
-        self.window_start = time.monotonic()
-        self.logged = self.suppressed = 0
-
-    def warning(self, message: str, *args) -> None:
-        with self.lock:
-            now = time.monotonic()
-            if now - self.window_start >= self.period_s:
-                if self.suppressed:
-                    log.warning(
-                        "%d more refused streams in the last %.0f s were not logged.",
-                        self.suppressed,
-                        now - self.window_start,
-                    )
-                self.window_start, self.logged, self.suppressed = now, 0, 0
-            if self.logged >= self.burst:
-                self.suppressed += 1
-                return
-            self.logged += 1
-        log.warning(message, *args)
-
-
 class LearnerServicer(pb_grpc.LearnerServicer):
     """Inverted mode: env clients dial the learner."""
 
     def __init__(self, pool: EnvStreams):
         self.pool = pool
-        self.refusals = RateLimitedLog()
+        self.refusals = RateLimitedLog("refused streams")
 
     def ConnectEnv(self, request_iterator, context):  # noqa: N802 (gRPC's name)
         try:
