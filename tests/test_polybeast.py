@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -835,6 +836,35 @@ def test_a_learner_without_environments_says_so_once_and_waits(tmp_path, process
     assert learner.poll() is None  # waiting, not gone
     os.killpg(learner.pid, signal.SIGINT)
     learner.wait(timeout=60)
+
+
+def test_a_learner_told_no_env_refuses_a_first_env_it_does_not_know_and_waits(
+    tmp_path, processes, sockets
+):
+    # It imported the module a peer named (the Zen of Python came out of its log), then
+    # stopped the run: "unknown environment id".
+    address = f"unix:{sockets}/learner"
+    learner_log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", *LEARNER[2:], "--serve", address, "--total_steps", "200",
+        "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
+    )  # fmt: skip
+    wait_for(lambda: os.path.exists(f"{sockets}/learner"), 60, "the learner to listen")
+    zen = dataclasses.replace(CARTPOLE, env_id="this:Zen-v0")
+    unknown = dataclasses.replace(CARTPOLE, env_id="NoSuchGame-v0")
+    refusals = [bad_stream(address, [env_hello("x", spec)], token=None) for spec in (zen, unknown)]
+    assert [error.code() for error in refusals] == [grpc.StatusCode.FAILED_PRECONDITION] * 2
+    assert refusals[0].details() == (
+        "environment 'this:Zen-v0' names a module to import, and a learner imports no code a "
+        "peer names: give the learner --env this:Zen-v0"
+    )
+    assert "unknown environment id 'NoSuchGame-v0'" in refusals[1].details()
+    processes(
+        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
+        log=tmp_path / "client.log",
+    )  # fmt: skip
+    assert learner.wait(timeout=120) == 0, text(learner_log)
+    assert "Beautiful is better than ugly" not in text(learner_log)
 
 
 def test_test_mode_plays_the_env_the_learner_was_trained_on(tmp_path, processes, sockets):

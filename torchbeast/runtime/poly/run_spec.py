@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from torchbeast import envs
 from torchbeast.core.checkpoint import describe_spec
 from torchbeast.core.errors import shown
 from torchbeast.core.spec import EnvSpec
@@ -46,6 +47,8 @@ class RunSpec:
                     f"environment made with {describe_options(env_options)} does not match "
                     f"the run's environments, made with {describe_options(self.env_options)}"
                 )
+            if self.spec is None:
+                check_first_env_id(spec.env_id)
             if self.env_options is None:
                 self.env_options = env_options  # before the spec is known: read with it
             if self.spec is None:
@@ -60,6 +63,21 @@ class RunSpec:
                     list(spec.observation_shape),
                     spec.num_actions,
                 )
+
+
+def check_first_env_id(env_id: str) -> None:
+    """Refuses (SpecMismatch) an env id the first Hello names that this learner does not
+    know (that stream is refused, and the learner waits for another), or that names a
+    module to import first (``module:Id``): a peer's words import no code here."""
+    if ":" in env_id:
+        raise SpecMismatch(
+            f"environment {shown(env_id)} names a module to import, and a learner imports "
+            f"no code a peer names: give the learner --env {shown(env_id, quote=False)}"
+        )
+    try:
+        envs.family_of(env_id)
+    except envs.EnvError as error:
+        raise SpecMismatch(f"{error} (the learner was not told --env)") from None
 
 
 def describe_options(options: dict[str, object]) -> str:
