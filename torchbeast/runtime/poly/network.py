@@ -19,6 +19,7 @@ import grpc
 
 from torchbeast.config.poly import TOKEN_ENV_VAR, NetworkSettings
 from torchbeast.core.errors import UserError
+from torchbeast.runtime.console import RateLimitedLog
 
 log = logging.getLogger("torchbeast")
 
@@ -80,6 +81,8 @@ class TokenInterceptor(grpc.ServerInterceptor):
 
     def __init__(self, token: str):
         self.token = token.encode()
+        # The door anyone who reaches the port knocks on: its lines cannot flood the log.
+        self.refusals = RateLimitedLog("streams without a valid auth token")
 
     def intercept_service(self, continuation, handler_call_details):
         presented = dict(handler_call_details.invocation_metadata).get(TOKEN_METADATA_KEY, "")
@@ -87,9 +90,8 @@ class TokenInterceptor(grpc.ServerInterceptor):
             return continuation(handler_call_details)
         return grpc.stream_stream_rpc_method_handler(self._refuse)
 
-    @staticmethod
-    def _refuse(request_iterator, context):
-        log.warning("Refused a stream from %s: no valid auth token.", context.peer())
+    def _refuse(self, request_iterator, context):
+        self.refusals.warning("Refused a stream from %s: no valid auth token.", context.peer())
         context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid auth token is required")
 
 
