@@ -246,6 +246,26 @@ def test_learner_dials_env_servers_over_tcp(tmp_path, processes):
     wait_for(lambda: not processes_in_group(env.pid), 10, "the env servers to stop")
 
 
+def test_a_learner_dialling_another_learner_says_it_is_no_env_server(tmp_path, processes, sockets):
+    # It redialled it for ever ("UNIMPLEMENTED; redialling").
+    address = f"unix:{sockets}/learner"
+    processes(
+        "torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--savedir",
+        str(tmp_path / "listening"), log=tmp_path / "listening.log",
+    )  # fmt: skip
+    wait_for(lambda: os.path.exists(f"{sockets}/learner"), 60, "the learner to listen")
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast_learner", *LEARNER, "--env_servers", address,
+         "--num_actors", "1", "--savedir", str(tmp_path), "--xpid", "r"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {address} serves no env server (another learner's --serve, say): give the "
+        "addresses of polybeast_env servers (--env_servers or --pipes_basename)"
+    )
+
+
 def test_a_killed_env_server_is_redialled_when_it_comes_back(tmp_path, processes, sockets):
     address = ["--num_servers", "1", "--pipes_basename", f"unix:{sockets}/env"]
     first = processes("torchbeast.polybeast_env", *ENV, *address, log=tmp_path / "env1.log")

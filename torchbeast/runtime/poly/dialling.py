@@ -53,6 +53,11 @@ def dial(
             code, details = error.code(), error.details() or ""
             if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                 pool.fail(f"env server {address} refused the learner: {shown(details)}")
+            if code == grpc.StatusCode.UNIMPLEMENTED:  # something else listens there
+                pool.fail(
+                    f"{address} serves no env server (another learner's --serve, say): give "
+                    "the addresses of polybeast_env servers (--env_servers or --pipes_basename)"
+                )
             reason = code.name
             if code == grpc.StatusCode.ABORTED and details.startswith(codec.ENV_FAILED):
                 line, _, trace = details.removeprefix(codec.ENV_FAILED).partition("\n")
