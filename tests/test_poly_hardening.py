@@ -11,6 +11,7 @@ import csv
 import dataclasses
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -596,17 +597,42 @@ def test_bare_hellos_cost_the_learner_no_memory(pong_learner):
     assert after - before < 50, (before, after)
 
 
-def test_a_stream_over_the_memory_budget_is_refused(pong_learner):
-    frames = np.zeros((64, *PONG.observation_shape), np.uint8)
-    step = pb.EnvMessage(
+def pong_step(num_envs: int) -> pb.EnvMessage:
+    frames = np.zeros((num_envs, *PONG.observation_shape), np.uint8)
+    return pb.EnvMessage(
         step=pb.Step(
             observation=pb.ArrayNest(array=codec.encode_array(frames)),
-            **{name: [0] * 64 for name in codec.STEP_FIELDS},
+            **{name: [0] * num_envs for name in codec.STEP_FIELDS},
         )
     )
-    error = bad_stream(pong_learner.address, [env_hello("big", PONG, 64), step], token=None)
+
+
+def test_a_stream_beyond_the_whole_memory_budget_is_refused_for_good(pong_learner):
+    # It was RESOURCE_EXHAUSTED, "the memory is spent (0 of 4 MiB)": its client retried for
+    # ever, for memory no wait could free.
+    error = bad_stream(pong_learner.address, [env_hello("big", PONG, 64), pong_step(64)], None)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert re.fullmatch(
+        r"big's stream needs [\d.]+ MiB for its rollout buffers, more than the learner's "
+        r"memory for all env streams \(4 MiB\): give the learner a larger --stream_memory_mb, "
+        r"or the stream fewer envs \(--envs_per_stream\) or a shorter --unroll_length",
+        error.details(),
+    ), error.details()
+    assert pong_learner.learner.poll() is None
+
+
+def test_a_stream_beyond_what_is_left_of_the_budget_is_told_to_come_back(pong_learner):
+    held: queue.Queue = queue.Queue()
+    held.put(env_hello("first", PONG, 20))
+    held.put(pong_step(20))
+    with grpc.insecure_channel(pong_learner.address) as channel:
+        first = pb_grpc.LearnerStub(channel).ConnectEnv(iter(held.get, None), timeout=60)
+        next(first)  # its first action: its buffers are reserved
+        second = [env_hello("second", PONG, 20), pong_step(20)]
+        error = bad_stream(pong_learner.address, second, token=None)
+        held.put(None)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "--stream_memory_mb" in error.details()
+    assert "the learner's memory for env streams is spent" in error.details()
     assert pong_learner.learner.poll() is None
 
 

@@ -15,7 +15,7 @@ from torchbeast.runtime.poly import codec
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly.env_streams import EnvStreams
 from torchbeast.runtime.poly.run_spec import SpecMismatch
-from torchbeast.runtime.poly.stream_limits import OverBudget
+from torchbeast.runtime.poly.stream_limits import BeyondBudget, OverBudget
 from torchbeast.runtime.queues import Closed
 
 log = logging.getLogger("torchbeast")
@@ -68,6 +68,8 @@ def dial(
         except codec.ProtocolError as error:
             reason = f"it sent a bad stream: {error}"
         except OverBudget as error:
+            if isinstance(error, BeyondBudget):  # a misconfigured server: redialling cannot help
+                pool.fail(f"env server {address}: {error}")
             reason = str(error)
         except SpecMismatch as error:  # a misconfigured server: redialling cannot help
             pool.fail(f"env server {address}: {error}")

@@ -14,7 +14,7 @@ from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
 from torchbeast.runtime.poly.env_streams import EnvStreams
 from torchbeast.runtime.poly.run_spec import SpecMismatch
-from torchbeast.runtime.poly.stream_limits import OverBudget, StreamClosed
+from torchbeast.runtime.poly.stream_limits import BeyondBudget, OverBudget, StreamClosed
 from torchbeast.runtime.queues import Closed
 
 log = logging.getLogger("torchbeast")
@@ -43,7 +43,14 @@ class LearnerServicer(pb_grpc.LearnerServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
         except OverBudget as error:
             self.refusals.warning("Refused a stream from %s: %s", context.peer(), error)
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+            # Beyond the whole budget, coming back later cannot help: the client stops.
+            beyond = isinstance(error, BeyondBudget)
+            code = (
+                grpc.StatusCode.FAILED_PRECONDITION
+                if beyond
+                else grpc.StatusCode.RESOURCE_EXHAUSTED
+            )
+            context.abort(code, str(error))
         except Closed:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is stopping")
         except Exception as error:  # not the client's fault: say so, keep the traceback here

@@ -26,6 +26,10 @@ class OverBudget(RuntimeError):
     """A stream's buffers would exceed the learner's memory budget for streams."""
 
 
+class BeyondBudget(OverBudget):
+    """A stream's buffers would exceed the whole budget: waiting cannot help."""
+
+
 class StreamClosed(codec.ProtocolError):
     """The learner closed a stream: it was idle, or its data cannot be learned from."""
 
@@ -55,6 +59,13 @@ class StreamMemory:
     def reserved(self, client_id: str, size: int) -> Iterator[None]:
         """``size`` bytes for ``client_id``'s stream while in the block; ``OverBudget``
         if the budget has not that much left."""
+        if size > self.budget:
+            raise BeyondBudget(
+                f"{client_id}'s stream needs {size / 2**20:.1f} MiB for its rollout buffers, "
+                f"more than the learner's memory for all env streams ({self.budget >> 20} MiB): "
+                "give the learner a larger --stream_memory_mb, or the stream fewer envs "
+                "(--envs_per_stream) or a shorter --unroll_length"
+            )
         with self.lock:
             if self.used + size > self.budget:
                 raise OverBudget(
