@@ -539,6 +539,19 @@ def test_an_absurd_learning_rate_stops_the_run_and_broken_weights_are_never_save
         assert all(tensor.abs().max() < 1e6 for tensor in state.values())
 
 
+def test_a_learner_waiting_for_env_servers_says_tls_ones_need_its_tls_ca(tmp_path, processes):
+    # A server that speaks TLS never answers a plain dial, and nothing said why.
+    address = f"127.0.0.1:{free_port()}"
+    learner_log = tmp_path / "learner.log"
+    processes(
+        "torchbeast.polybeast_learner", *LEARNER, "--env_servers", address, "--savedir",
+        str(tmp_path), "--xpid", "r", log=learner_log,
+    )  # fmt: skip
+    said = f"No environments connected; waiting for them ({address}; one that serves TLS "
+    said += "needs --tls_ca here)."
+    wait_for(lambda: said in text(learner_log), 60, "the notice")
+
+
 def test_tls_files_that_are_missing_or_not_pem_are_one_line_at_either_end(tmp_path):
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate\n")
@@ -552,6 +565,9 @@ def test_tls_files_that_are_missing_or_not_pem_are_one_line_at_either_end(tmp_pa
         (["torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--tls_cert",
           str(junk), "--tls_key", str(junk), "--savedir", str(tmp_path), "--xpid", "r"],
          "is not a PEM file"),
+        # Its learner dialled its TLS env servers plainly, and waited for ever.
+        (["torchbeast.polybeast", *LEARNER, "--tls_cert", str(junk), "--tls_key", str(junk),
+          "--savedir", str(tmp_path), "--xpid", "r"], "dials it: give --tls_ca too"),
     ]  # fmt: skip
     for command, fragment in cases:
         result = subprocess.run(

@@ -322,7 +322,13 @@ class PolyActorPool(Pool):
         return self.poly.network.server_addresses()[: self.num_actors]
 
     def _where(self) -> str:
-        return self.poly.serve or ", ".join(self._dialled())
+        if self.poly.serve:
+            return self.poly.serve
+        # A server that speaks TLS never answers a plain dial: nothing else would say why.
+        dialled = self._dialled()
+        over_tcp = any(not address.startswith("unix") for address in dialled)
+        plain = over_tcp and not self.poly.network.tls_ca
+        return ", ".join(dialled) + ("; one that serves TLS needs --tls_ca here" if plain else "")
 
     def _stream_size_text(self) -> str:
         if self.spec is None:

@@ -103,6 +103,12 @@ def session(settings: Settings, start_envs: bool = True) -> Iterator[PolyTrainer
     ``start_envs`` this command also starts the env processes (servers, or with --serve
     clients), and stops them at the end; ``polybeast_learner`` starts none."""
     env_settings = env_side_of(settings)
+    network_settings = env_settings.network
+    if start_envs and network_settings.tls_cert and not network_settings.tls_ca:
+        raise network.NetworkError(  # its dialling side would talk plainly to TLS, for ever
+            "--tls_cert makes one side of this command serve TLS, and its other side dials "
+            "it: give --tls_ca too (the certificate itself, where it is self-signed)"
+        )
     if start_envs and not env_settings.connect:  # one line here, not one per env process
         for address in env_settings.network.server_addresses():
             network.check_can_listen(address)
