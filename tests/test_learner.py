@@ -265,6 +265,17 @@ def test_mean_episode_return_averages_the_episodes_that_ended():
     assert (stats["mean_episode_return"], stats["episodes"]) == (15.5, 2)
 
 
+def test_mean_episode_return_of_returns_near_the_float32_limit_is_finite():
+    # A PolyBeast peer reports its own returns: two of 3e38 summed in float32 were inf.
+    case = make_setup()
+    batch = make_batch()
+    batch["episode_end"][:] = False
+    batch["episode_end"][2, 0] = batch["episode_end"][5, 2] = True
+    batch["episode_return"][2, 0] = batch["episode_return"][5, 2] = 3e38
+    stats = Learner(case.learner, make_model(case)).learn(batch)
+    assert stats["mean_episode_return"] == pytest.approx(3e38, rel=1e-6)
+
+
 def test_mean_episode_length_averages_the_steps_of_the_episodes_that_ended():
     case = make_setup()
     batch = make_batch()

@@ -18,8 +18,9 @@ CLIP_MARGIN = math.log(1.01)
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Mean of ``values`` [T, B] over the steps where ``mask`` is True (all when None), as a
-    0-dim float tensor; NaN when there are none."""
-    values = values.float()
+    0-dim float64 tensor (float32 sums of large returns overflow to inf); NaN when there
+    are none."""
+    values = values.double()
     if mask is None:
         return values.mean() if values.numel() else values.new_tensor(math.nan)
     mask = mask.bool()
