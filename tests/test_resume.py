@@ -4,6 +4,7 @@ scheduler does before it takes the machine)."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -200,6 +201,36 @@ def test_sigterm_twice_in_a_row_stops_once_with_a_whole_checkpoint(tmp_path):
     again = start_run(tmp_path, *run[:-4], "--total_steps", "1", "--xpid", "r", log="again.log")
     assert again.wait(timeout=120) == 0, text(tmp_path / "again.log")
     assert "Already trained to" in text(tmp_path / "again.log")
+
+
+def test_a_sigterm_that_comes_while_the_first_is_handled_changes_nothing():
+    # A burst of them re-entered the first's stop, inside the lock of the Event it sets:
+    # the run hung for good without a checkpoint, or ended in a RecursionError.
+    from torchbeast.runtime.supervision import Sigterm
+
+    sigterm, stops = Sigterm(), []
+
+    def stop() -> None:
+        stops.append(len(stops))
+        sigterm(signal.SIGTERM, None)  # the next one, delivered inside the first's stop
+
+    sigterm.stop = stop
+    sigterm(signal.SIGTERM, None)
+    assert stops == [0]
+
+
+def test_a_burst_of_sigterms_stops_the_run_once_with_a_whole_checkpoint(tmp_path):
+    process = start_run(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "r")
+    try:
+        wait_for_rows(tmp_path / "r" / "logs.csv", 3)
+        for _ in range(2000):  # as fast as they can go: some come while one is handled
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGTERM)
+        assert process.wait(timeout=60) == STOPPED_BY_SIGTERM, text(tmp_path / "run.log")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert_stopped_whole(tmp_path, tmp_path / "r")
 
 
 def assert_stopped_whole(tmp_path, run_dir) -> None:

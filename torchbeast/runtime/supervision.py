@@ -94,18 +94,22 @@ STOPPED_WHILE_STARTING = (
 class Sigterm:
     """What SIGTERM does to a training command: while the run starts, the first one raises
     Stopped, which unwinds what has started (a Ray instance, env processes) as Ctrl-C
-    does; while it trains, each calls ``stop`` (the trainer's: stop, checkpoint, exit);
-    a later one while it stops changes nothing."""
+    does; while it trains, it calls ``stop`` (the trainer's: stop, checkpoint, exit); a
+    later one changes nothing."""
 
     def __init__(self):
         self.received = False
         self.stop: Callable[[], None] | None = None
 
     def __call__(self, signum: int, frame: object) -> None:
-        first, self.received = not self.received, True
+        # Only the first acts: a later one may come while the first's ``stop`` holds an
+        # Event's lock, and setting it again there would wait on that lock for ever.
+        if self.received:
+            return
+        self.received = True
         if self.stop is not None:
             self.stop()
-        elif first:
+        else:
             raise Stopped(signum, STOPPED_WHILE_STARTING)
 
 

@@ -287,8 +287,17 @@ def run_clients(
 
 def _stop_on_signals() -> threading.Event:
     stop = threading.Event()
+    said: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        # Only the first sets it: a later one may come while the first holds the Event's
+        # lock, and setting it again there would wait on that lock for ever.
+        if not said:
+            said.append(signum)
+            stop.set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, handler)
     return stop
 
 
