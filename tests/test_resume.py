@@ -233,6 +233,30 @@ def test_a_burst_of_sigterms_stops_the_run_once_with_a_whole_checkpoint(tmp_path
     assert_stopped_whole(tmp_path, tmp_path / "r")
 
 
+def test_a_second_command_on_a_run_being_trained_is_refused_and_takes_nothing(tmp_path):
+    # It set the first's logs aside, and its checkpoint at its stop replaced the first's
+    # (a finished run's 40080 steps became 17200).
+    run = [*SMALL_RUN, "--total_steps", "10000000", "--xpid", "r"]
+    first = start_run(tmp_path, *run)
+    try:
+        wait_for_rows(tmp_path / "r" / "logs.csv", 3)
+        second = start_run(tmp_path, *run, log="second.log")
+        assert second.wait(timeout=120) == 1
+        assert text(tmp_path / "second.log").strip().splitlines()[-1] == (
+            f"error: run r is being trained by another command (process {first.pid}) in "
+            f"{tmp_path / 'r'}: wait for it to end, stop it, or give this one another --xpid"
+        )
+        assert not (tmp_path / "r" / "earlier").exists()  # the first's logs stay
+        os.killpg(first.pid, signal.SIGTERM)
+        assert first.wait(timeout=60) == STOPPED_BY_SIGTERM, text(tmp_path / "run.log")
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert_stopped_whole(tmp_path, tmp_path / "r")
+    again = start_run(tmp_path, *run[:-4], "--total_steps", "1", "--xpid", "r", log="again.log")
+    assert again.wait(timeout=120) == 0, text(tmp_path / "again.log")  # free once it ended
+
+
 def assert_stopped_whole(tmp_path, run_dir) -> None:
     """The run said once where it stopped, and its checkpoint holds its last logged step."""
     output = text(tmp_path / "run.log")

@@ -16,10 +16,10 @@ from torchbeast.config.settings import Settings, build_settings
 from torchbeast.core.errors import UserError, os_error_line
 from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.registry import RUNTIMES
-from torchbeast.runtime.supervision import Stopped, sigterm_handled
+from torchbeast.runtime.supervision import RunBusy, Stopped, run_folder_held, sigterm_handled
 
 # gym's DependencyNotInstalled: e.g. --mode test_render of CartPole without pygame.
-USER_ERRORS = (UserError, gym.error.DependencyNotInstalled)
+USER_ERRORS = (UserError, RunBusy, gym.error.DependencyNotInstalled)
 
 
 def report_errors(body: Callable[[], object]) -> int:
@@ -70,8 +70,14 @@ def run(
         train = train or RUNTIMES[runtime].train
         # Before the runtime starts: its first lines (listening, connecting) obey it too.
         setup_console_logging(settings.run.suppress_logs)
+        run = settings.run
+
+        def train_alone() -> object:
+            with run_folder_held(run.run_dir, run.xpid):
+                return train(settings)
+
         with sigterm_handled():  # a scheduler's SIGTERM while the run starts unwinds it
-            return report_errors(lambda: train(settings))
+            return report_errors(train_alone)
     from torchbeast import evaluation  # imports torch, which the modes above do not need
 
     if mode == "eval":

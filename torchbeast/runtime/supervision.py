@@ -8,7 +8,9 @@ Standard library only: PolyBeast's env side, which never imports torch, uses it 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import multiprocessing as mp
+import os
 import signal
 import threading
 import time
@@ -66,6 +68,45 @@ class Supervised:
         if self.error is None:
             self.error = message
         self.stopping.set()
+
+
+class RunBusy(RuntimeError):
+    """Another command trains the run already."""
+
+
+RUN_LOCK_NAME = ".lock"  # in a run's folder: held while a command trains the run
+
+
+@contextlib.contextmanager
+def run_folder_held(run_dir: str, xpid: str) -> Iterator[None]:
+    """Holds the run's folder while this command trains it: two at once on one --xpid
+    wrote over each other's checkpoint (a finished run's, too) and set each other's logs
+    aside. Where the folder cannot take the lock file (an unwritable savedir), the run's
+    own checks say why in one line; where its file system has no locks, nothing is held."""
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        lock = open(os.path.join(run_dir, RUN_LOCK_NAME), "a+")
+    except OSError:
+        yield
+        return
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "?"
+            raise RunBusy(
+                f"run {xpid} is being trained by another command (process {holder}) in "
+                f"{run_dir}: wait for it to end, stop it, or give this one another --xpid"
+            ) from None
+        except OSError:  # no locks on this file system
+            pass
+        else:
+            lock.seek(0)
+            lock.truncate()
+            lock.write(f"{os.getpid()}\n")
+            lock.flush()
+        yield
 
 
 class Stopped(KeyboardInterrupt):
