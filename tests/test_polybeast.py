@@ -261,8 +261,8 @@ def test_a_learner_dialling_another_learner_says_it_is_no_env_server(tmp_path, p
     )  # fmt: skip
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
-        f"error: {address} serves no env server (another learner's --serve, say): give the "
-        "addresses of polybeast_env servers (--env_servers or --pipes_basename)"
+        f"error: env server {address}: it is no env server (another learner's --serve, say): "
+        "give the addresses of polybeast_env servers (--env_servers or --pipes_basename)"
     )
 
 
@@ -288,6 +288,34 @@ def test_a_killed_env_server_is_redialled_when_it_comes_back(tmp_path, processes
     assert learner.poll() is None
     os.killpg(learner.pid, signal.SIGTERM)
     assert learner.wait(timeout=30) == STOPPED_BY_SIGTERM, text(learner_log)
+
+
+def test_an_env_server_restarted_with_another_env_costs_its_streams_not_the_run(
+    tmp_path, processes, sockets
+):
+    # The learner stopped the whole run while its other server still served.
+    servers = [f"unix:{sockets}/env.{i}" for i in range(2)]
+    first = processes(
+        "torchbeast.polybeast_env", *ENV, "--env_servers", servers[0], log=tmp_path / "a.log"
+    )  # noqa: E501
+    processes("torchbeast.polybeast_env", *ENV, "--env_servers", servers[1], log=tmp_path / "b.log")
+    learner_log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", *LEARNER, "--env_servers", ",".join(servers),
+        "--num_actors", "2", "--total_steps", "100000", "--savedir", str(tmp_path), "--xpid",
+        "r", log=learner_log,
+    )  # fmt: skip
+    wait_for(lambda: logged_steps(tmp_path / "r"), 90, "training to start")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    acrobot = ["--env", "Acrobot-v1", "--env_servers", servers[0]]
+    processes("torchbeast.polybeast_env", *acrobot, log=tmp_path / "acrobot.log")
+    said = f"Env server {servers[0]}: environment Acrobot-v1"
+    wait_for(lambda: said in text(learner_log), 60, "the learner to say what it refused")
+    steps = logged_steps(tmp_path / "r")[-1]
+    wait_for(lambda: logged_steps(tmp_path / "r")[-1] > steps + 200, 60, "training to go on")
+    assert learner.poll() is None
+    assert text(learner_log).count(said) == 1  # redialled, said once
 
 
 def start_polybeast(processes, tmp_path, sockets) -> subprocess.Popen:

@@ -25,6 +25,16 @@ MAX_BACKOFF_S = 5.0
 HEALTHY_STREAM_S = MAX_BACKOFF_S
 
 
+def misconfigured(pool: EnvStreams, address: str, reason: str) -> str:
+    """A server at ``address`` that refuses the learner, or is not the run's (redialling it
+    alone cannot help): before any stream served, the run's settings are wrong and it stops
+    with ``reason``; once the run trains on others, a server (restarted otherwise) costs
+    only its own streams, redialled until it is put right. Returns the reason to log."""
+    if not pool.has_served.is_set():
+        pool.fail(f"env server {address}: {reason}")
+    return reason
+
+
 def dial(
     pool: EnvStreams, address: str, channel: grpc.Channel, metadata: tuple[tuple[str, str], ...]
 ) -> None:
@@ -46,19 +56,23 @@ def dial(
         first_action = None
         try:
             for action in pool.serve_env(call, call.cancel):
-                first_action = first_action or time.monotonic()
+                if first_action is None:
+                    first_action = time.monotonic()
+                    pool.has_served.set()
                 requests.put(action)
             reason = "it closed the stream"
         except grpc.RpcError as error:
             code, details = error.code(), error.details() or ""
-            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                pool.fail(f"env server {address} refused the learner: {shown(details)}")
-            if code == grpc.StatusCode.UNIMPLEMENTED:  # something else listens there
-                pool.fail(
-                    f"{address} serves no env server (another learner's --serve, say): give "
-                    "the addresses of polybeast_env servers (--env_servers or --pipes_basename)"
-                )
             reason = code.name
+            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                reason = misconfigured(pool, address, f"it refused the learner: {shown(details)}")
+            if code == grpc.StatusCode.UNIMPLEMENTED:  # something else listens there
+                reason = misconfigured(
+                    pool,
+                    address,
+                    "it is no env server (another learner's --serve, say): give the addresses "
+                    "of polybeast_env servers (--env_servers or --pipes_basename)",
+                )
             if code == grpc.StatusCode.ABORTED and details.startswith(codec.ENV_FAILED):
                 line, _, trace = details.removeprefix(codec.ENV_FAILED).partition("\n")
                 reason = codec.ENV_FAILED + shown(line, quote=False)
@@ -68,12 +82,11 @@ def dial(
         except codec.ProtocolError as error:
             reason = f"it sent a bad stream: {error}"
         except OverBudget as error:
-            if isinstance(error, BeyondBudget):  # a misconfigured server: redialling cannot help
-                pool.fail(f"env server {address}: {error}")
             reason = str(error)
-        except SpecMismatch as error:  # a misconfigured server: redialling cannot help
-            pool.fail(f"env server {address}: {error}")
-            reason = str(error)
+            if isinstance(error, BeyondBudget):
+                reason = misconfigured(pool, address, str(error))
+        except SpecMismatch as error:
+            reason = misconfigured(pool, address, str(error))
         except Closed:
             return
         finally:

@@ -18,6 +18,9 @@ class EnvStreams(Protocol):
     # Whether this command started the env processes: their environment's failure is
     # then the run's own (as in MonoBeast), not a peer's.
     owns_envs: bool
+    # Set once a dialled stream has served an action: a server misconfigured after that
+    # costs its own streams, not the run (``dialling.misconfigured``).
+    has_served: threading.Event
 
     def serve_env(
         self, incoming: Iterator[pb.EnvMessage], cancel: Callable[[], object]

@@ -89,6 +89,7 @@ class PolyActorPool(Pool):
         self.unroll_length = settings.learner.unroll_length
         self.env_processes = env_processes or []
         self.owns_envs = bool(self.env_processes)
+        self.has_served = threading.Event()
         self.env_failures = env_failures
         self.replacements = replacements
         self.env_watcher: threading.Thread | None = None
