@@ -219,6 +219,26 @@ def test_a_sigterm_that_comes_while_the_first_is_handled_changes_nothing():
     assert stops == [0]
 
 
+def test_a_sigterm_while_torch_loads_is_the_stop_line_and_code(monkeypatch, capsys):
+    # torch loaded outside the try of the one-line errors: a SIGTERM in the first second
+    # of a start was a traceback and exit code 1, which a requeue loop reads as a failure.
+    import builtins
+
+    from torchbeast import cli
+    from torchbeast.runtime.supervision import STOPPED_WHILE_STARTING, Stopped
+
+    real_import = builtins.__import__
+
+    def signalled_while_loading(name, *args, **kwargs):
+        if name == "torch":
+            raise Stopped(signal.SIGTERM, STOPPED_WHILE_STARTING)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", signalled_while_loading)
+    assert cli.report_errors(lambda: None) == STOPPED_BY_SIGTERM
+    assert capsys.readouterr().err == STOPPED_WHILE_STARTING + "\n"
+
+
 def test_a_burst_of_sigterms_stops_the_run_once_with_a_whole_checkpoint(tmp_path):
     process = start_run(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "r")
     try:

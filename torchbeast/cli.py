@@ -24,19 +24,22 @@ USER_ERRORS = (UserError, RunBusy, gym.error.DependencyNotInstalled)
 
 def report_errors(body: Callable[[], object]) -> int:
     """Runs ``body``; an error the user can fix is one line on stderr and exit code 1."""
-    import torch  # here, not above: --help and a mistyped flag answer without it (~1 s)
-
     try:
-        body()
+        # Here, not above: --help and a mistyped flag answer without it (~1 s); and inside,
+        # since a signal may come while it loads.
+        import torch
+
+        try:
+            body()
+        except torch.OutOfMemoryError:
+            print(
+                "error: out of GPU memory: lower --batch_size or --unroll_length, "
+                "or train on the CPU with --disable_cuda",
+                file=sys.stderr,
+            )
+            return 1
     except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
-    except torch.OutOfMemoryError:
-        print(
-            "error: out of GPU memory: lower --batch_size or --unroll_length, "
-            "or train on the CPU with --disable_cuda",
-            file=sys.stderr,
-        )
         return 1
     except OSError as error:  # e.g. an unwritable --savedir, or a full disk
         print(f"error: {os_error_line(error)}", file=sys.stderr)
