@@ -277,6 +277,25 @@ def test_a_second_command_on_a_run_being_trained_is_refused_and_takes_nothing(tm
     assert again.wait(timeout=120) == 0, text(tmp_path / "again.log")  # free once it ended
 
 
+def test_a_saved_replay_keeps_to_its_size_and_a_start_without_one_removes_it(tmp_path):
+    # CartPole's replay.tar took 9 times --replay_checkpoint_gib (torch.save's bytes for each
+    # tensor were not counted); a start without LASER left it, and a later start with LASER
+    # restored its rollouts of long before, at the later step.
+    cap = 100_000 / 2**30
+    run = [*SMALL_RUN, "--xpid", "r"]
+    laser = [*LASER, "--replay_size", "20000", "--replay_checkpoint_gib", f"{cap:.10f}"]
+    assert monobeast(tmp_path, *run, *laser, "--total_steps", "6000").returncode == 0
+    replay = tmp_path / "r" / "replay.tar"
+    assert 0 < replay.stat().st_size <= 100_000
+    plain = monobeast(tmp_path, *run, "--total_steps", "8000")
+    assert plain.returncode == 0, plain.stderr
+    assert not replay.exists()
+    again = monobeast(tmp_path, *run, *laser, "--total_steps", "9000")
+    assert again.returncode == 0, again.stderr
+    assert "LASER's replay starts empty" in again.stdout
+    assert "no replay.tar beside the checkpoint" in again.stdout
+
+
 def assert_stopped_whole(tmp_path, run_dir) -> None:
     """The run said once where it stopped, and its checkpoint holds its last logged step."""
     output = text(tmp_path / "run.log")

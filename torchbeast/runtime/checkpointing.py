@@ -208,6 +208,9 @@ class RunCheckpoint:
             self.saved_step = self.learner.step
         if self.replay is not None:
             self.save_replay()
+        elif os.path.exists(self.replay_path):  # an earlier start's: stale beside this one
+            os.unlink(self.replay_path)
+            log.info("Removed %s, an earlier start's: this one has no replay.", self.replay_path)
 
     def save_replay(self) -> None:
         """Saves LASER's newest transitions, up to --replay_checkpoint_gib, beside the
@@ -217,7 +220,7 @@ class RunCheckpoint:
             if os.path.exists(self.replay_path):
                 os.unlink(self.replay_path)
             return
-        per_transition = max(1, self.replay.bytes_per_transition())
+        per_transition = max(1, self.replay.file_bytes_per_transition())
         state = self.replay.state_dict(int(limit * 2**30 // per_transition))
         saved = sum(len(segment["steps"]["done"]) for segment in state["segments"])
         write(self.replay_path, state, "LASER's replay")
@@ -225,7 +228,7 @@ class RunCheckpoint:
             "Saved LASER's replay beside it: %d of its %d transitions (%.1f MiB).",
             saved,
             self.replay.transitions,
-            saved * per_transition / 2**20,
+            os.path.getsize(self.replay_path) / 2**20,
         )
 
     def on_disk(self) -> str:
