@@ -82,14 +82,19 @@ def run_folder_held(run_dir: str, xpid: str) -> Iterator[None]:
     """Holds the run's folder while this command trains it: two at once on one --xpid
     wrote over each other's checkpoint (a finished run's, too) and set each other's logs
     aside. Where the folder cannot take the lock file (an unwritable savedir), the run's
-    own checks say why in one line; where its file system has no locks, nothing is held."""
+    own checks say why in one line; where its file system has no locks, nothing is held. A
+    folder it made and the run left empty (refused as it started) is removed."""
+    made = not os.path.isdir(run_dir)
+    path = os.path.join(run_dir, RUN_LOCK_NAME)
     try:
         os.makedirs(run_dir, exist_ok=True)
-        lock = open(os.path.join(run_dir, RUN_LOCK_NAME), "a+")
+        lock = open(path, "a+")
     except OSError:
         yield
         return
-    with lock:
+    with lock, contextlib.ExitStack() as cleanup:
+        if made:
+            cleanup.callback(remove_if_unused, run_dir)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -107,6 +112,14 @@ def run_folder_held(run_dir: str, xpid: str) -> Iterator[None]:
             lock.write(f"{os.getpid()}\n")
             lock.flush()
         yield
+
+
+def remove_if_unused(run_dir: str) -> None:
+    """Removes a run folder that holds nothing but its lock."""
+    with contextlib.suppress(OSError):
+        if os.listdir(run_dir) == [RUN_LOCK_NAME]:
+            os.unlink(os.path.join(run_dir, RUN_LOCK_NAME))
+            os.rmdir(run_dir)
 
 
 class Stopped(KeyboardInterrupt):
