@@ -147,9 +147,10 @@ def test_an_env_that_fails_as_it_is_made_is_one_line_with_its_traceback_above(tm
 def test_an_eval_json_that_cannot_be_written_is_named_and_leaves_nothing_behind(tmp_path):
     assert monobeast(tmp_path, *TRAIN, "--total_steps", "200", "--xpid", "a").returncode == 0
     (tmp_path / "a" / "eval.json").mkdir()  # it named eval.json.tmp, and left it there
-    played = monobeast(tmp_path, "--mode", "eval", "--xpid", "a", "--num_episodes", "1")
+    played = monobeast(tmp_path, "--mode", "eval", "--xpid", "a", "--num_episodes", "3")
     assert_one_error_line(played, f"Is a directory: {tmp_path / 'a' / 'eval.json'}. Check")
     assert not (tmp_path / "a" / "eval.json.tmp").exists()
+    assert "Episode 1 ended" not in played.stdout  # said before the games, not after them all
 
 
 def test_greedy_games_that_are_one_game_are_said_and_sample_actions_varies_them(tmp_path):

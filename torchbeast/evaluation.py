@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -319,6 +320,11 @@ def evaluate(settings: Settings) -> dict:
     family_figures = family_of(trained.env.env).evaluation_figures(
         trained.env, state.get("flags", {})
     )
+    name = "eval_random.json" if settings.run.random_policy else "eval.json"
+    eval_path = os.path.join(settings.run.run_dir, name)
+    if settings.run.random_policy:
+        os.makedirs(settings.run.run_dir, exist_ok=True)
+    check_writable(eval_path)  # before the games, not after them all
     episodes = play(settings, trained)
     summary = summarize(episodes)
     for name, figure in summary.items():
@@ -338,18 +344,29 @@ def evaluate(settings: Settings) -> dict:
     report["num_episodes"] = len(episodes)
     if settings.run.random_policy:
         report["policy"] = "random"
-        eval_path = os.path.join(settings.run.run_dir, "eval_random.json")
-        os.makedirs(settings.run.run_dir, exist_ok=True)
     else:
         report["actions"] = "sampled" if settings.run.sample_actions else "greedy"
         # The models hold parameters only (no buffers such as batch-norm statistics).
         report["parameters"] = sum(t.numel() for t in state["model_state_dict"].values())
-        eval_path = os.path.join(settings.run.run_dir, "eval.json")
     report |= {**family_figures, **summary, "episodes": [e.figures() for e in episodes]}
     write_json_atomically(eval_path, report)
     parameters = f" ({report['parameters']} parameters)" if "parameters" in report else ""
     log.info("Wrote %s%s.", eval_path, parameters)
     return report
+
+
+def check_writable(path: str) -> None:
+    """Raises the OSError that writing ``path`` (``write_json_atomically``) would, naming
+    it: a read-only folder, or a folder at ``path``."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    probe = path + ".tmp"
+    try:
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, path) from error
 
 
 def write_json_atomically(path: str, value: dict) -> None:
