@@ -266,10 +266,8 @@ class Trainer:
         where it is dropped (no culprit found, or none but culprits). One peer can neither
         stop the run nor hold back what the others send. (With the user's own
         environments, MonoBeast and RayBeast, it stops the run.)"""
-        columns = self.learner.nonfinite_columns(batch, core_state, len(sources))
+        columns = self.forget_culprits(batch, core_state, sources)
         culprits = [sources[column] for column in columns]
-        if culprits and self.replay is not None:
-            self.replay.forget(set(culprits))
         closed = pool.close_streams(
             {source[0] for source in culprits}, "its rollouts made the loss non-finite"
         )
@@ -314,14 +312,13 @@ class Trainer:
 
     def forget_culprits(
         self, batch: dict[str, torch.Tensor], core_state: tuple[torch.Tensor, ...], sources: list
-    ) -> list[Hashable]:
-        """The sources of the online columns that make the loss non-finite on their own
-        (a failed update's); LASER's replay forgets what it stored of them."""
+    ) -> list[int]:
+        """The online columns that make the loss non-finite on their own (a failed
+        update's); LASER's replay forgets what it stored of their sources."""
         columns = self.learner.nonfinite_columns(batch, core_state, len(sources))
-        culprits = [sources[column] for column in columns]
-        if culprits and self.replay is not None:
-            self.replay.forget(set(culprits))
-        return culprits
+        if columns and self.replay is not None:
+            self.replay.forget({sources[column] for column in columns})
+        return columns
 
     def train(self) -> dict:
         run = self.run
