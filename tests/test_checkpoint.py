@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import zipfile
 
 import numpy as np
 import pytest
@@ -86,6 +87,33 @@ def test_load_of_a_truncated_checkpoint_says_it_is_damaged(tmp_path):
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="damaged"):
         checkpoint.load(str(path))
+
+
+def zero_bytes_inside_a_tensor(path) -> None:
+    """Zeroes 64 bytes in the middle of the checkpoint's largest stored tensor, as a bad
+    disk or a patched copy would: the archive's layout stays as it was."""
+    with zipfile.ZipFile(path) as archive:
+        entry = max(archive.infolist(), key=lambda info: info.file_size)
+        header = 30 + len(entry.filename.encode()) + len(entry.extra)
+        start = entry.header_offset + header + entry.file_size // 2
+    data = bytearray(path.read_bytes())
+    data[start : start + 64] = bytes(64)
+    path.write_bytes(bytes(data))
+
+
+def test_load_of_a_checkpoint_with_bytes_zeroed_inside_says_it_is_damaged(tmp_path):
+    path = tmp_path / "model.tar"
+    checkpoint.save(str(path), training_state())
+    zero_bytes_inside_a_tensor(path)
+    damaged = path.read_bytes()
+    # torch.load alone takes it, with the zeroed weights:
+    torch.load(str(path), weights_only=True)
+    with pytest.raises(CheckpointError) as error:
+        checkpoint.load(str(path))
+    message = str(error.value)
+    assert "\n" not in message and f"{path} is not a torchbeast checkpoint or is damaged" in message
+    assert "does not match its checksum" in message and checkpoint.RESTORE_IT in message
+    assert path.read_bytes() == damaged  # left as it is
 
 
 class RunsCode:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.test_checkpoint import zero_bytes_inside_a_tensor
 from tests.test_monobeast import read_rows
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.settings import Settings, build_settings
@@ -304,6 +305,17 @@ def test_a_damaged_replay_file_is_said_and_the_run_goes_on_with_an_empty_replay(
         if "LASER's replay starts empty" in line
     ]
     assert "does not fit this run" in line and "\x1b" not in line and len(line) < 600
+
+
+def test_a_replay_file_with_bytes_zeroed_inside_is_not_restored(tmp_path):
+    InProcessTrainer(make_flags(tmp_path, *LASER, "--total_steps", "400")).train()
+    zero_bytes_inside_a_tensor(tmp_path / "run" / "replay.tar")
+    resumed = InProcessTrainer(make_flags(tmp_path, *LASER, "--total_steps", "800"))
+    assert resumed.checkpoint.resume_if_possible(resumed.device)
+    assert resumed.replay.transitions == 0
+    line = resumed.checkpoint.replay_line
+    assert line.startswith("LASER's replay starts empty")
+    assert "does not match its checksum" in line
 
 
 def test_every_logged_row_carries_the_consoles_mean_of_the_last_100_episodes(tmp_path):

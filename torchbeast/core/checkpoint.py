@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+import zipfile
 
 import numpy as np
 import torch
@@ -58,6 +59,8 @@ def load(path: str, map_location: str | torch.device = "cpu") -> dict:
             "and --savedir), or pass the --xpid/--savedir of a trained run"
         )
     try:
+        if damaged := damaged_entry(path):
+            raise CheckpointError(f"its {shown(damaged)} does not match its checksum")
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:
         text = str(error).strip()
@@ -79,6 +82,19 @@ def load(path: str, map_location: str | torch.device = "cpu") -> dict:
                 f"{kind.__name__}: {RESTORE_IT}"
             )
     return state
+
+
+def damaged_entry(path: str) -> str | None:
+    """The first entry of the archive at ``path`` whose bytes do not match the CRC-32 that
+    torch.save wrote for them, or None. torch.load does not check these: a file with
+    bytes zeroed inside (a bad disk, a copy cut and patched) loads with wrong weights. A
+    file that is no zip archive is left to torch.load to refuse (or to read, if it is one
+    of torch's older formats)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip()
+    except zipfile.BadZipFile:
+        return None
 
 
 # A checkpoint's fields and their types (older checkpoints lack some): a field of another

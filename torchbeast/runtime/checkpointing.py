@@ -174,6 +174,8 @@ class RunCheckpoint:
         layout = {key: (torch.Size(shape[1:]), dtype) for key, (shape, dtype) in spec.items()}
         shapes = [tensor.shape for tensor in self.learner.model.initial_state(1)]
         try:
+            if damaged := checkpoint.damaged_entry(self.replay_path):
+                raise ValueError(f"its {damaged} does not match its checksum")
             state = torch.load(self.replay_path, weights_only=True)
             self.replay.load_state_dict(state, layout, self.settings.learner.unroll_length, shapes)
         except Exception as error:  # a damaged file, another run's rollouts
