@@ -132,6 +132,19 @@ def test_a_resumed_run_learns_with_the_flags_it_is_given_and_says_which_changed(
     assert "--rmsprop_init 0.0 (was 1.0): only a new run starts from them, no effect" in line
 
 
+def test_a_start_only_flag_given_on_a_resume_is_not_recorded_as_the_runs(tmp_path):
+    InProcessTrainer(make_flags(tmp_path, "--total_steps", "400")).train()
+    InProcessTrainer(make_flags(tmp_path, "--total_steps", "800", "--rmsprop_init", "0")).train()
+    state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)
+    assert state["flags"]["rmsprop_init"] == 1.0  # what the run's optimizer started from
+    third = InProcessTrainer(make_flags(tmp_path, "--total_steps", "1200"))
+    assert third.checkpoint.resume_if_possible(third.device)
+    assert third.checkpoint.changes == (
+        "Resumed with settings other than the checkpoint's: --total_steps 1200 (was 800): "
+        "this run uses them."
+    )
+
+
 def test_a_resumed_run_with_another_batch_size_goes_on_with_the_rate_of_its_steps(tmp_path):
     InProcessTrainer(make_flags(tmp_path, "--total_steps", "400")).train()  # 4 x 10 steps
     InProcessTrainer(make_flags(tmp_path, "--total_steps", "800", "--batch_size", "8")).train()

@@ -152,7 +152,12 @@ class RunCheckpoint:
                 f"checkpoint {self.path} does not fit this run's model ({first_line}): "
                 "use the environment and flags it was trained with, or another --xpid"
             ) from None
-        self.changes = changes_line(state.get("flags", {}), self.settings)
+        saved_flags = state.get("flags", {})
+        self.changes = changes_line(saved_flags, self.settings)
+        # What the run started from stays its record: a later start told nothing would
+        # otherwise read "--weight_init pytorch (was ...)" of a flag that had no effect.
+        started_from = {name: saved_flags[name] for name in ONLY_AT_START if name in saved_flags}
+        self.flags = {**self.flags, **started_from}
         self.progress.load_state_dict(state.get("progress", {}))
         restore_random_state(state.get("rng", {}))
         self.starts = int(state.get("starts", 1)) + 1
