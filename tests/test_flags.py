@@ -340,6 +340,14 @@ def test_xpid_that_is_not_a_plain_folder_name_is_refused(capsys, xpid):
     assert "--xpid" in refusal(capsys, "--xpid", xpid)
 
 
+@pytest.mark.parametrize("mode", ["train", "test"])
+def test_an_empty_xpid_is_refused_not_taken_for_a_new_name(capsys, mode):
+    # --xpid "$NAME" with NAME unset: a training run named from the time would be a
+    # run nobody asked for, and no later command could find it by the name meant.
+    message = refusal(capsys, "--mode", mode, "--xpid", "")
+    assert "--xpid is empty: give the run a name, or leave --xpid out" in message
+
+
 def test_xpid_with_dots_dashes_and_equals_is_accepted():
     assert parse("--xpid", "pong-lr=4e-4.v2_b").xpid == "pong-lr=4e-4.v2_b"
 

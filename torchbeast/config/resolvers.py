@@ -113,6 +113,10 @@ def resolve_run_folder(
 ) -> dict:
     """--savedir with ~ and $VARS expanded; --xpid, a plain folder name, from the time if
     not given, and ``latest`` the name of the run that link points at."""
+    if flags.xpid == "":  # e.g. --xpid "$NAME" with NAME unset: not "a new name"
+        parser.error(
+            "--xpid is empty: give the run a name, or leave --xpid out for one from the time"
+        )
     plays_a_run = flags.mode != "train" and not (flags.random_policy and flags.env)
     if not flags.xpid and plays_a_run:  # not a new run's name, which no run has
         parser.error(
