@@ -328,11 +328,13 @@ def learner_parser(runtime: str):
 
 
 @pytest.mark.parametrize("runtime", ["poly", "ray"])
-def test_runtimes_without_shared_memory_buffers_accept_any_num_buffers(runtime):
-    # Only MonoBeast keeps rollouts in --num_buffers buffers; the others ignore the flag.
+def test_runtimes_without_shared_memory_buffers_take_any_num_buffers_and_drop_it(runtime):
+    # Only MonoBeast keeps rollouts in --num_buffers buffers; the others take the flag (the
+    # original's command lines give it) and drop it, so that nothing sizes the run by it.
     argv = ["--xpid", "test", "--batch_size", "8", "--num_buffers", "4"]
-    parsed = flags.parse_flags(argv, learner_parser(runtime))
-    assert (parsed.batch_size, parsed.num_buffers) == (8, 4)
+    parsed, sources = flags.parse_flags_and_sources(argv, learner_parser(runtime))
+    assert (parsed.batch_size, parsed.num_buffers) == (8, None)
+    assert sources["num_buffers"] == flags.DERIVED
 
 
 @pytest.mark.parametrize("xpid", ["runs/example", "../example", "..", "a b"])

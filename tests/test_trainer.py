@@ -11,7 +11,8 @@ from torch import nn
 
 from tests.test_checkpoint import zero_bytes_inside_a_tensor
 from tests.test_monobeast import read_rows
-from torchbeast.config.flags import parse_flags
+from torchbeast.config.flags import parse_flags, parse_flags_and_sources
+from torchbeast.config.parsers import make_ray_parser
 from torchbeast.config.settings import Settings, build_settings
 from torchbeast.core import rollout
 from torchbeast.envs import env_spec
@@ -143,6 +144,16 @@ def test_a_start_only_flag_given_on_a_resume_is_not_recorded_as_the_runs(tmp_pat
         "Resumed with settings other than the checkpoint's: --total_steps 1200 (was 800): "
         "this run uses them."
     )
+
+
+@pytest.mark.parametrize("runtime", ["mono", "ray"])
+def test_num_buffers_given_where_the_runtime_keeps_none_is_said_to_do_nothing(tmp_path, runtime):
+    argv = [*SMALL, "--savedir", str(tmp_path), "--xpid", "run", "--total_steps", "40"]
+    parser = make_ray_parser() if runtime == "ray" else None
+    flags, sources = parse_flags_and_sources([*argv, "--num_buffers", "8"], parser)
+    InProcessTrainer(build_settings(flags, runtime, sources)).train()
+    said = "--num_buffers does nothing here: only MonoBeast keeps rollouts in shared-memory"
+    assert (said in (tmp_path / "run" / "out.log").read_text()) == (runtime == "ray")
 
 
 def test_a_resumed_run_with_another_batch_size_goes_on_with_the_rate_of_its_steps(tmp_path):

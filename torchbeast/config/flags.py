@@ -18,6 +18,7 @@ from torchbeast.config.declared import add_declared_flags, group_of
 from torchbeast.config.layers import parse_in_layers, settings_table
 from torchbeast.config.resolvers import (
     Resolver,
+    drop_num_buffers,
     resolve_layout,
     resolve_learner_batch,
     resolve_num_buffers,
@@ -66,7 +67,7 @@ def make_parser(
 
     ``shared_memory_buffers``: whether the runtime keeps rollouts in ``--num_buffers``
     shared-memory buffers (MonoBeast), so that the flag is resolved and checked; other
-    runtimes accept it, as the original command lines may give it, and ignore it.
+    runtimes accept it, as the original command lines may give it, and drop it.
     """
     parser = FlagParser(description=description)
     resolvers: list[Resolver] = [
@@ -76,8 +77,7 @@ def make_parser(
         resolve_seed,
     ]
     parser.resolvers = resolvers  # run by parse_flags, in order; runtimes may add theirs
-    if shared_memory_buffers:
-        resolvers.append(resolve_num_buffers)
+    resolvers.append(resolve_num_buffers if shared_memory_buffers else drop_num_buffers)
     for title in (RUN, TRAINING, MODEL, LASER, TEST_AND_EVAL):
         parser.add_argument_group(title)
     add_declared_flags(parser, EnvSettings)

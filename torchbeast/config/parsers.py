@@ -11,7 +11,7 @@ from torchbeast.config.declared import add_declared_flags
 from torchbeast.config.flags import make_parser
 from torchbeast.config.poly import PolyEnvSettings
 from torchbeast.config.poly_flags import add_env_flags
-from torchbeast.config.resolvers import resolve_num_buffers
+from torchbeast.config.resolvers import drop_num_buffers, resolve_num_buffers
 from torchbeast.config.values import nonnegative_int, positive_int
 from torchbeast.runtime.registry import RUNTIMES, function
 
@@ -127,10 +127,10 @@ def make_bench_parser(runtimes: list[str]) -> argparse.ArgumentParser:
         return {}
 
     def resolve_num_buffers_where_kept(flags: argparse.Namespace, parser, sources) -> dict:
-        """--num_buffers, where the runtime keeps shared-memory buffers."""
+        """--num_buffers, where the runtime keeps shared-memory buffers; dropped elsewhere."""
         if RUNTIMES[flags.runtime].shared_memory_buffers:
             return resolve_num_buffers(flags, parser, sources)
-        return {}
+        return drop_num_buffers(flags, parser, sources)
 
     def refuse_other_modes(flags: argparse.Namespace, parser, sources) -> dict:
         """--mode test or eval: it trained and measured as ever, exit 0."""

@@ -188,3 +188,10 @@ def resolve_num_buffers(
             f"use --num_buffers {needed} or more"
         )
     return {}
+
+
+def drop_num_buffers(flags: argparse.Namespace, parser: argparse.ArgumentParser, sources) -> dict:
+    """--num_buffers where the runtime keeps no shared-memory buffers: taken, as the
+    original's command lines give it, and dropped (None, "derived"), so that nothing sizes
+    the run by it; the run says it did nothing (``Trainer.log_num_buffers_unused``)."""
+    return {} if flags.num_buffers is None else dict(num_buffers=None)

@@ -185,11 +185,12 @@ class ActorSettings:
         check="positive",
     )
     # Every runtime takes the flag, as the original's command lines give it; only those
-    # whose registry entry keeps shared-memory buffers resolve it (None elsewhere).
+    # whose registry entry keeps shared-memory buffers resolve it (dropped to None elsewhere).
     num_buffers: int | None = flag(
         None,
         "Number of shared-memory buffers "
-        "(default: max(2*num_actors*envs_per_actor, batch_size + num_actors*(envs_per_actor-1))).",
+        "(default: max(2*num_actors*envs_per_actor, batch_size + num_actors*(envs_per_actor-1))); "
+        "MonoBeast's only: the other runtimes keep none, and say so when it is given.",
         metavar="N",
         check="positive",
     )

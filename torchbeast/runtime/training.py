@@ -382,6 +382,7 @@ class Trainer:
         env = dataclasses.replace(self.settings.env, env=env_id)
         envs.log_training_reward(env, self.settings.learner.reward_clipping)
         self.log_replay_flags_unused()
+        self.log_num_buffers_unused()
         per_update = learner.batch_size * learner.unroll_length
         if per_update > self.total_steps > self.learner.step:
             log.warning(  # e.g. a mistyped --batch_size: its first batch may take hours
@@ -477,6 +478,16 @@ class Trainer:
                 "--replay_size N (transitions) to turn it on.",
                 " ".join(given),
                 "it does" if len(given) == 1 else "they do",
+            )
+
+    def log_num_buffers_unused(self) -> None:
+        """Says where --num_buffers was given to a runtime that keeps no shared-memory
+        buffers (its resolver dropped it: ``config.resolvers.drop_num_buffers``)."""
+        sources = dict(self.settings.run.sources)
+        if self.settings.actors.num_buffers is None and sources.get("num_buffers") == DERIVED:
+            log.warning(
+                "--num_buffers does nothing here: only MonoBeast keeps rollouts in "
+                "shared-memory buffers; leave it out."
             )
 
     def summary(self, seconds: float, first_step: int) -> str:
