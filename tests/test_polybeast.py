@@ -24,10 +24,12 @@ from tests.test_riverraid import assert_fuel_proxy_logged, steer_right
 from torchbeast import envs
 from torchbeast.config.env import env_settings
 from torchbeast.config.parsers import make_env_parser
+from torchbeast.core.settings import ModelSettings
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import codec
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
+from torchbeast.runtime.poly.run_spec import RunSpec, SpecMismatch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CARTPOLE = EnvSpec("CartPole-v1", (4,), np.dtype("float32"), 2)
@@ -932,6 +934,45 @@ def test_a_learner_told_no_env_refuses_a_first_env_it_does_not_know_and_waits(
     )  # fmt: skip
     assert learner.wait(timeout=120) == 0, text(learner_log)
     assert "Beautiful is better than ugly" not in text(learner_log)
+
+
+def test_a_learner_told_no_env_refuses_a_first_env_whose_model_would_be_huge_and_waits(
+    tmp_path, processes, sockets
+):
+    # A peer's [1, 1024, 1024] frames made the learner build a 504M-parameter AtariNet
+    # (8 GB with its gradients and RMSprop's state) before any step.
+    address = f"unix:{sockets}/learner"
+    learner_log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", *LEARNER[2:], "--serve", address, "--total_steps", "200",
+        "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
+    )  # fmt: skip
+    wait_for(lambda: os.path.exists(f"{sockets}/learner"), 60, "the learner to listen")
+    huge = dataclasses.replace(CARTPOLE, observation_shape=(1, 1024, 1024))
+    refusal = bad_stream(address, [env_hello("x", huge)], token=None)
+    assert refusal.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert refusal.details() == (
+        "environment CartPole-v1 (float32 [1, 1024, 1024], 2 actions) would make a model of "
+        "504M parameters (--torso atari), more than the 100M a learner builds for what the "
+        "first env stream says: give the learner --env CartPole-v1 to build it"
+    )
+    processes(
+        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
+        log=tmp_path / "client.log",
+    )  # fmt: skip
+    assert learner.wait(timeout=120) == 0, text(learner_log)
+    assert "mlp model, 4" in text(learner_log)  # CartPole's own, from the good client
+
+
+def test_a_first_env_that_the_learners_torso_cannot_read_is_refused_not_the_run():
+    # --torso atari told, CartPole's [4] said first: the model could not be built, and
+    # the run stopped on a peer's word.
+    run_spec = RunSpec(None, None, ModelSettings(torso="atari"))
+    with pytest.raises(SpecMismatch) as error:
+        run_spec.register("x", CARTPOLE, {})
+    assert str(error.value).startswith("--torso atari reads [C, H, W] frames of at least 36x36")
+    assert str(error.value).endswith("(the learner was not told --env)")
+    assert run_spec.spec is None and not run_spec.known.is_set()  # it waits for another
 
 
 def test_test_mode_plays_the_env_the_learner_was_trained_on(tmp_path, processes, sockets):

@@ -93,7 +93,7 @@ class PolyActorPool(Pool):
         self.env_failures = env_failures
         self.replacements = replacements
         self.env_watcher: threading.Thread | None = None
-        self.run_spec = RunSpec(spec, env_options)
+        self.run_spec = RunSpec(spec, env_options, settings.model)
         self.model_ready = threading.Event()
         super().__init__()
         # Stopping the pool closes the queue: learner threads waiting on it are let go.

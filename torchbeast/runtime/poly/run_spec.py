@@ -7,12 +7,21 @@ from __future__ import annotations
 import logging
 import threading
 
+import torch
+
 from torchbeast import envs
 from torchbeast.core.checkpoint import describe_spec
-from torchbeast.core.errors import shown
+from torchbeast.core.errors import UserError, shown
+from torchbeast.core.models import count_parameters, create_model, model_config
+from torchbeast.core.settings import ModelSettings
 from torchbeast.core.spec import EnvSpec
 
 log = logging.getLogger("torchbeast")
+
+# A learner told no --env builds its model for the first Hello's observations: a peer's
+# word makes no larger one (an AtariNet on [1, 1024, 1024] frames has 504M parameters;
+# on Atari's own [4, 84, 84], 1.7M). Told --env, the learner builds what the user asked.
+MAX_PEER_MODEL_PARAMETERS = 100_000_000
 
 
 class SpecMismatch(ValueError):
@@ -24,8 +33,16 @@ class RunSpec:
     the run's environments were made with (``env_options``), as the first Hello with any
     said them: every other environment must say the same (one run, one reward)."""
 
-    def __init__(self, spec: EnvSpec | None, env_options: dict[str, object] | None = None):
+    def __init__(
+        self,
+        spec: EnvSpec | None,
+        env_options: dict[str, object] | None = None,
+        model: ModelSettings | None = None,
+    ):
+        """``model``: the learner's model settings, which the first Hello's spec must fit
+        (``check_model_fits``) where it decides the spec."""
         self.spec = spec
+        self.model = model
         self.known = threading.Event()
         if spec is not None:
             self.known.set()
@@ -49,6 +66,8 @@ class RunSpec:
                 )
             if self.spec is None:
                 check_first_env_id(spec.env_id)
+                if self.model is not None:
+                    check_model_fits(spec, self.model)
             if self.env_options is None:
                 self.env_options = env_options  # before the spec is known: read with it
             if self.spec is None:
@@ -78,6 +97,29 @@ def check_first_env_id(env_id: str) -> None:
         envs.family_of(env_id)
     except envs.EnvError as error:
         raise SpecMismatch(f"{error} (the learner was not told --env)") from None
+
+
+def check_model_fits(spec: EnvSpec, model: ModelSettings) -> None:
+    """Refuses (SpecMismatch) a first Hello's spec that the learner's model settings cannot
+    build a model for (e.g. --torso atari for CartPole's [4]), or only one larger than
+    ``MAX_PEER_MODEL_PARAMETERS``: that stream is refused, not the run stopped or the
+    machine's memory spent on a peer's word. Counted on the meta device: no memory."""
+    try:
+        config = model_config(model, spec.observation_shape)
+    except UserError as error:
+        raise SpecMismatch(f"{error} (the learner was not told --env)") from None
+    with torch.device("meta"):
+        parameters = count_parameters(
+            create_model(config, spec.observation_shape, spec.num_actions)
+        )
+    if parameters > MAX_PEER_MODEL_PARAMETERS:
+        raise SpecMismatch(
+            f"environment {describe_spec(spec)} would make a model of "
+            f"{parameters / 1e6:.0f}M parameters (--torso {config['kind']}), more than the "
+            f"{MAX_PEER_MODEL_PARAMETERS // 1_000_000}M a learner builds for what the "
+            f"first env stream says: give the learner --env "
+            f"{shown(spec.env_id, quote=False)} to build it"
+        )
 
 
 def describe_options(options: dict[str, object]) -> str:
