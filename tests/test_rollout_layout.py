@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 import torch
 
 from torchbeast import envs
@@ -18,6 +19,7 @@ from torchbeast.core import rollout
 from torchbeast.core.models import create_model, model_config
 from torchbeast.runtime.acting import Unroller
 from torchbeast.runtime.poly import codec
+from torchbeast.runtime.poly import inference as inference_module
 from torchbeast.runtime.poly.episodes_log import EpisodeLog
 from torchbeast.runtime.poly.inference import StreamInference
 from torchbeast.runtime.poly.stream_limits import Stream, StreamMemory
@@ -27,8 +29,8 @@ from torchbeast.runtime.queues import RolloutQueue
 T, E, ROLLOUTS = 4, 3, 15  # 60 steps: every env ends an episode (random play: ~22)
 
 
-def small_settings() -> Settings:
-    argv = ["--env", "CartPole-v1", "--num_actors", "1", "--envs_per_actor", str(E)]
+def small_settings(*more: str) -> Settings:
+    argv = ["--env", "CartPole-v1", "--num_actors", "1", "--envs_per_actor", str(E), *more]
     argv += ["--unroll_length", str(T), "--batch_size", str(E), "--seed", "3"]
     return build_settings(parse_flags(argv, make_poly_parser()), "poly")
 
@@ -132,3 +134,50 @@ def test_polybeast_inference_samples_from_its_own_generator():
         assert len(set(outputs["action"].flatten().tolist())) == 2  # sampled
     finally:
         inference.close()
+
+
+@pytest.mark.parametrize("use_lstm", [False, True])
+def test_polybeast_inference_of_more_rows_than_one_pass_takes_gives_each_rows_outputs(
+    monkeypatch, use_lstm
+):
+    settings = small_settings(*(["--use_lstm"] if use_lstm else []))
+    spec = envs.env_spec(settings.env)
+    config = model_config(settings.model, spec.observation_shape)
+    torch.manual_seed(0)
+    model = create_model(config, spec.observation_shape, spec.num_actions)
+    inference = StreamInference(model, config, spec, settings.runtime)
+    rows = 10
+    inputs = dict(
+        frame=torch.randn(1, rows, *spec.observation_shape),
+        reward=torch.randn(1, rows),
+        done=torch.rand(1, rows) < 0.3,
+        last_action=torch.randint(0, spec.num_actions, (1, rows)),
+    )
+    core_state = tuple(torch.randn_like(s.expand(-1, rows, -1)) for s in model.initial_state(1))
+    try:
+        with torch.inference_mode():
+            whole = inference.model(inputs, core_state, act=False)
+        passes = []
+        monkeypatch.setattr(inference, "model", recording(inference.model, passes))
+        monkeypatch.setattr(inference_module, "MAX_ROWS_PER_PASS", 4)
+        with torch.inference_mode():
+            outputs, next_state = inference.forward(inputs, core_state)
+        assert passes == [4, 4, 2]
+        assert outputs.keys() == whole[0].keys()
+        for key in outputs:
+            torch.testing.assert_close(outputs[key], whole[0][key])
+        assert len(next_state) == (2 if use_lstm else 0)
+        for state, expected in zip(next_state, whole[1], strict=True):
+            torch.testing.assert_close(state, expected)
+    finally:
+        inference.close()
+
+
+def recording(model, passes: list[int]):
+    """``model``, noting the rows of each forward pass in ``passes``."""
+
+    def forward(inputs, core_state, act):
+        passes.append(inputs["frame"].shape[1])
+        return model(inputs, core_state, act=act)
+
+    return forward

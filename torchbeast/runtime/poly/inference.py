@@ -18,6 +18,11 @@ from torchbeast.runtime.poly.stream_limits import StreamClosed
 
 Request = tuple[dict[str, torch.Tensor], CoreState]  # inputs [1, E, ...]; [layers, E, H]
 
+# Most rows (envs) in one forward pass. The streams' sizes are their peers' (up to 512
+# streams of 1,024 envs in one batch): without a bound, one pass's activations grew with
+# them until the device's memory ran out and the run ended.
+MAX_ROWS_PER_PASS = 4096
+
 
 class StreamInference:
     """The streams' model: the learner's weights as last published, and its batcher."""
@@ -57,6 +62,26 @@ class StreamInference:
     def close(self) -> None:
         self.batcher.close()
 
+    def forward(
+        self, inputs: dict[str, torch.Tensor], core_state: CoreState
+    ) -> tuple[dict[str, torch.Tensor], CoreState]:
+        """The model's outputs [1, N, ...] and next core state [layers, N, H], in passes
+        of at most ``MAX_ROWS_PER_PASS`` rows (each row's outputs are its own)."""
+        rows = inputs["frame"].shape[1]
+        if rows <= MAX_ROWS_PER_PASS:
+            return self.model(inputs, core_state, act=False)
+        passes = [
+            self.model(
+                {key: value[:, start : start + MAX_ROWS_PER_PASS] for key, value in inputs.items()},
+                tuple(s[:, start : start + MAX_ROWS_PER_PASS] for s in core_state),
+                act=False,
+            )
+            for start in range(0, rows, MAX_ROWS_PER_PASS)
+        ]
+        outputs = {key: torch.cat([out[key] for out, _ in passes], dim=1) for key in passes[0][0]}
+        states = zip(*(state for _, state in passes), strict=True)  # per tensor of the state
+        return outputs, tuple(torch.cat(parts, dim=1) for parts in states)
+
     def infer(self, requests: list[Request]) -> list:
         """One forward pass for many streams: inputs [1, E, ...] each, batched on dim 1.
 
@@ -76,7 +101,7 @@ class StreamInference:
         inputs = {key: value.to(self.device) for key, value in inputs.items()}
         core_state = tuple(s.to(self.device) for s in core_state)
         with self.lock, torch.inference_mode():
-            outputs, core_state = self.model(inputs, core_state, act=False)
+            outputs, core_state = self.forward(inputs, core_state)
         logits = outputs["policy_logits"][0]  # [N, A]
         # One reduction per row: a non-finite logit or baseline makes the sum non-finite.
         finite = torch.isfinite(logits.sum(dim=1) + outputs["baseline"][0])  # [N]
