@@ -582,6 +582,26 @@ def test_a_learner_waiting_for_env_servers_says_tls_ones_need_its_tls_ca(tmp_pat
     wait_for(lambda: said in text(learner_log), 60, "the notice")
 
 
+def test_a_learner_says_why_it_cannot_reach_an_env_server_and_when_it_does(tmp_path, processes):
+    # wait_for_ready hid the reason (refused, no such host, a failed TLS handshake): the
+    # learner waited in silence.
+    address = f"127.0.0.1:{free_port()}"
+    learner_log = tmp_path / "learner.log"
+    learner = processes(
+        "torchbeast.polybeast_learner", *LEARNER, "--env_servers", address, "--num_actors",
+        "2", "--total_steps", "200", "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
+    )  # fmt: skip
+    said = f"Env server {address} cannot be reached: "
+    wait_for(lambda: said in text(learner_log), 60, "the reason")
+    (line,) = [line for line in text(learner_log).splitlines() if said in line]  # 2 streams
+    assert line.endswith(
+        f"{said}Failed to connect to remote host: Connection refused; still dialling."
+    )
+    processes("torchbeast.polybeast_env", *ENV, "--env_servers", address, log=tmp_path / "env.log")
+    assert learner.wait(timeout=120) == 0, text(learner_log)
+    assert text(learner_log).count(f"Env server {address} reached.") == 1
+
+
 def test_tls_files_that_are_missing_or_not_pem_are_one_line_at_either_end(tmp_path):
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate\n")

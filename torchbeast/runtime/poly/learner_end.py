@@ -37,7 +37,7 @@ from torchbeast.core.rollout import rollout_bytes
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.poly import codec, env_side, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
-from torchbeast.runtime.poly.dialling import dial
+from torchbeast.runtime.poly.dialling import Unreachable, dial
 from torchbeast.runtime.poly.episodes_log import EpisodeLog
 from torchbeast.runtime.poly.inference import StreamInference
 from torchbeast.runtime.poly.learner_servicer import LearnerServicer, add_learner_servicer
@@ -158,13 +158,14 @@ class PolyActorPool(Pool):
         else:
             addresses = self._dialled()
             metadata = network.call_metadata(poly.network)
+            unreachable = Unreachable()
             for index in range(self.num_actors):
                 address = addresses[index % len(addresses)]
                 channel = network.create_channel(poly.network, address)
                 self.channels.append(channel)
                 thread = threading.Thread(
                     target=dial,
-                    args=(self, address, channel, metadata),
+                    args=(self, address, channel, metadata, unreachable),
                     name=f"dial-{index}",
                     daemon=True,
                 )
