@@ -253,6 +253,40 @@ def test_a_burst_of_sigterms_stops_the_run_once_with_a_whole_checkpoint(tmp_path
     assert_stopped_whole(tmp_path, tmp_path / "r")
 
 
+@pytest.mark.parametrize("target", ["process", "group"])
+def test_a_burst_of_ctrl_cs_stops_the_run_once_with_a_whole_checkpoint(tmp_path, target):
+    # Raised as KeyboardInterrupt, the later ones broke the stop of the first (in a log
+    # line, in a join): the run died of SIGINT without its checkpoint, in 1 start of 4.
+    # ("group": as a terminal's Ctrl-C, which reaches the actors too.)
+    process = start_run(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "r")
+    send = os.killpg if target == "group" else os.kill
+    try:
+        wait_for_rows(tmp_path / "r" / "logs.csv", 3)
+        for _ in range(2000):
+            with contextlib.suppress(ProcessLookupError):
+                send(process.pid, signal.SIGINT)
+        assert process.wait(timeout=60) == 128 + signal.SIGINT, text(tmp_path / "run.log")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert_stopped_whole(tmp_path, tmp_path / "r", by="SIGINT")
+
+
+def test_a_signal_that_comes_while_the_first_stops_the_run_changes_nothing():
+    from torchbeast.runtime.supervision import FirstSignal
+
+    stops: list[int] = []
+
+    def stop() -> None:
+        stops.append(len(stops))
+        handler(signal.SIGINT, None)  # the next one, delivered inside the first's stop
+
+    handler = FirstSignal(stop)
+    handler(signal.SIGINT, None)
+    handler(signal.SIGINT, None)
+    assert stops == [0] and handler.received
+
+
 def test_a_second_command_on_a_run_being_trained_is_refused_and_takes_nothing(tmp_path):
     # It set the first's logs aside, and its checkpoint at its stop replaced the first's
     # (a finished run's 40080 steps became 17200).
@@ -296,12 +330,12 @@ def test_a_saved_replay_keeps_to_its_size_and_a_start_without_one_removes_it(tmp
     assert "no replay.tar beside the checkpoint" in again.stdout
 
 
-def assert_stopped_whole(tmp_path, run_dir) -> None:
+def assert_stopped_whole(tmp_path, run_dir, by: str = "SIGTERM") -> None:
     """The run said once where it stopped, and its checkpoint holds its last logged step."""
     output = text(tmp_path / "run.log")
     assert output.count("Stopped at step") == 1, output
     last_line = output.strip().splitlines()[-1]
-    assert last_line.startswith("stopped by SIGTERM at step ") and "resume" in last_line
+    assert last_line.startswith(f"stopped by {by} at step ") and "resume" in last_line
     assert "Traceback" not in output
     state = torch.load(run_dir / "model.tar", weights_only=True)
     assert state["step"] == int(read_rows(run_dir / "logs.csv")[-1]["step"])

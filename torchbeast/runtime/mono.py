@@ -55,7 +55,7 @@ from torchbeast.runtime.supervision import (
     RestartBudget,
     join_or_kill,
     last_line,
-    signals_blocked,
+    python_children_ignore_ctrl_c,
 )
 from torchbeast.runtime.training import Trainer
 
@@ -206,7 +206,7 @@ class ActorPool(Pool):
             daemon=True,
         )
         # A Ctrl-C while an actor imports torch must not kill it before it ignores SIGINT.
-        with signals_blocked():
+        with python_children_ignore_ctrl_c():
             process.start()
         child_conn.close()  # so the parent sees EOF when the actor dies
         for group, (conn, child) in enumerate(inference_pipes):

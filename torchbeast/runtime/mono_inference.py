@@ -45,7 +45,12 @@ from torchbeast.core.models import Agent, CoreState, create_model, sampling_gene
 from torchbeast.core.spec import EnvSpec
 from torchbeast.runtime.mono_weights import SharedWeights
 from torchbeast.runtime.processes import die_with_parent
-from torchbeast.runtime.supervision import STOP_SIGNALS, join_or_kill, last_line, signals_blocked
+from torchbeast.runtime.supervision import (
+    STOP_SIGNALS,
+    join_or_kill,
+    last_line,
+    python_children_ignore_ctrl_c,
+)
 
 Connection = multiprocessing.connection.Connection
 log = logging.getLogger("torchbeast")
@@ -451,7 +456,7 @@ class InferenceProcess:
     def start(self) -> str | None:
         """Starts the process and waits until it serves; the error that stopped it, if
         any, as one line (the whole of it is logged)."""
-        with signals_blocked():
+        with python_children_ignore_ctrl_c():
             self.process.start()
         self.started = True
         self.child_control.close()  # so that this end sees EOF when the process dies

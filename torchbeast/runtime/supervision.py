@@ -145,6 +145,22 @@ STOPPED_WHILE_STARTING = (
 )
 
 
+class FirstSignal:
+    """A signal handler that calls ``stop`` on the first signal and does nothing on any
+    later one (``received`` says whether one came): a later one may come while the first's
+    ``stop`` holds an Event's lock, and setting it again there would wait for ever."""
+
+    def __init__(self, stop: Callable[[], None]):
+        self.stop = stop
+        self.received = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.received:
+            return
+        self.received = True
+        self.stop()
+
+
 class Sigterm:
     """What SIGTERM does to a training command: while the run starts, the first one raises
     Stopped, which unwinds what has started (a Ray instance, env processes) as Ctrl-C
@@ -192,14 +208,34 @@ def sigterm_handled(stop: Callable[[], None] | None = None) -> Iterator[Sigterm]
 
 @contextlib.contextmanager
 def signals_blocked(signals: Collection[int] = STOP_SIGNALS) -> Iterator[None]:
-    """Blocks ``signals`` in this thread meanwhile. Children inherit the mask, so a child
-    started here cannot be killed by a Ctrl-C (or a process group's SIGTERM) before it
-    has set its own handlers; it unblocks them itself once it has."""
+    """Blocks ``signals`` in this thread meanwhile: a signal that comes meanwhile waits
+    until the block ends. Children that are not Python inherit the mask (Ray's raylet);
+    a Python child starts with none (``python_children_ignore_ctrl_c``)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+
+
+@contextlib.contextmanager
+def python_children_ignore_ctrl_c() -> Iterator[None]:
+    """Meanwhile, a Python process started here begins ignoring Ctrl-C, until it sets its
+    own handlers: it keeps SIGINT ignored through exec, and so installs no KeyboardInterrupt
+    (the signal mask it does not keep: a Ctrl-C to the process group while an actor
+    unpickled its tensors was a traceback from it). This process's own SIGINT is blocked
+    meanwhile, and waits for its handler where it reaches this thread. Only the main thread
+    may change a handler: elsewhere (a restart by the dispatcher thread), the block alone."""
+    previous = signal.getsignal(signal.SIGINT)
+    ignores = threading.current_thread() is threading.main_thread() and previous is not None
+    with signals_blocked():
+        if ignores:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            yield
+        finally:
+            if ignores:
+                signal.signal(signal.SIGINT, previous)
 
 
 def join_or_kill(

@@ -50,7 +50,7 @@ from torchbeast.runtime.checkpointing import NOT_RESTORED_LINE, RunCheckpoint
 from torchbeast.runtime.console import RateLimitedLog, setup_console_logging
 from torchbeast.runtime.pool import Pool
 from torchbeast.runtime.progress import PROGRESS_INTERVAL_S, Progress, format_duration
-from torchbeast.runtime.supervision import Sigterm, Stopped, sigterm_handled
+from torchbeast.runtime.supervision import FirstSignal, Sigterm, Stopped, sigterm_handled
 
 log = logging.getLogger("torchbeast")
 
@@ -514,7 +514,11 @@ class Trainer:
         pool = self.pool = self.create_pool()
         if sigterm.received:  # while the pool was made
             self.request_stop()
-        interrupted = False
+        # Ctrl-C while it trains: the first stops the run as SIGTERM does, the others
+        # change nothing (raised as KeyboardInterrupt, a burst of them broke the stop
+        # itself, and the run ended without its checkpoint).
+        interrupt = FirstSignal(self.request_stop)
+        previous_interrupt = signal.signal(signal.SIGINT, interrupt)
         threads: list[threading.Thread] = []
         try:
             pool.start()
@@ -525,12 +529,9 @@ class Trainer:
             for thread in threads:
                 thread.start()
             self.monitor(pool, threads)
-        except KeyboardInterrupt:
-            interrupted = True
-            log.info("Interrupted: saving a checkpoint and stopping the actors.")
         finally:
-            # A second Ctrl-C must not cost the checkpoint.
-            previous_interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            if interrupt.received:
+                log.info("Interrupted: saving a checkpoint and stopping the actors.")
             self.request_stop()
             for thread in threads:
                 thread.join()
@@ -550,8 +551,9 @@ class Trainer:
                     log.info("Stopped at step %d.", self.learner.step)
                 log.info("%s", self.summary(time.monotonic() - started, first_step))
                 writer.close(successful)
-                signal.signal(signal.SIGINT, previous_interrupt)
-        if interrupted:
+                if not interrupt.received:  # else it stays, until the command has said so
+                    signal.signal(signal.SIGINT, previous_interrupt)
+        if interrupt.received:
             return signal.SIGINT
         return signal.SIGTERM if sigterm.received else None
 
