@@ -75,6 +75,32 @@ def test_a_run_without_a_checkpoint_yet_says_so_not_train_first(tmp_path):
     assert_one_error_line(random, "give the random policy its env with --env")
 
 
+def test_a_checkpoint_whose_model_is_damaged_is_one_line_in_test_and_eval(tmp_path):
+    # Training refused these in one line; test and eval ended in a traceback.
+    import torch
+
+    assert monobeast(tmp_path, *TRAIN, "--total_steps", "200", "--xpid", "a").returncode == 0
+    path = tmp_path / "a" / "model.tar"
+    good = torch.load(path, weights_only=True)
+    no_weights = {k: v for k, v in good.items() if k != "model_state_dict"}
+    weights = dict(good["model_state_dict"])
+    name = next(iter(weights))
+    reshaped = {**good, "model_state_dict": {**weights, name: torch.zeros(3, 3)}}
+    unknown_kind = {**good, "model_config": {**good["model_config"], "kind": "zzz"}}
+    for state, said in [
+        (no_weights, "is damaged: it has no model_state_dict"),
+        (reshaped, "is damaged: the model it records cannot be built, or its weights do not"),
+        (unknown_kind, "(KeyError: 'zzz')"),
+    ]:
+        torch.save(state, path)
+        for mode in ("test", "eval"):
+            played = monobeast(tmp_path, "--mode", mode, "--xpid", "a", "--num_episodes", "1")
+            assert_one_error_line(played, said)
+            assert "restore it from a copy, or move it away to start the run anew" in (
+                played.stderr
+            )
+
+
 def test_a_game_that_goes_on_says_so_every_minute(monkeypatch, caplog):
     from torchbeast import evaluation
 

@@ -25,7 +25,7 @@ import torch
 from torchbeast import envs, video
 from torchbeast.config.settings import Settings
 from torchbeast.core import checkpoint
-from torchbeast.core.errors import write_failure
+from torchbeast.core.errors import shown, write_failure
 from torchbeast.core.models import Agent, create_model, model_config
 from torchbeast.core.precision import compute_dtype
 from torchbeast.core.settings import ModelSettings
@@ -270,11 +270,28 @@ def policy(settings: Settings, trained: Trained, spec: EnvSpec) -> Agent | Rando
         return RandomPolicy(spec.num_actions, trained.env.seed)
     config = checkpoint_model_config(settings.model, trained, spec.observation_shape)
     checkpoint.check_spec(trained.state, spec, trained.path)  # the env's code changed since
-    dtype = compute_dtype(settings.model.precision, "cpu", config["kind"])
-    model = create_model(
-        config, spec.observation_shape, spec.num_actions, compute_dtype=dtype, inference_only=True
-    )
-    model.load_state_dict(trained.state["model_state_dict"])
+    if "model_state_dict" not in trained.state:
+        raise checkpoint.CheckpointError(
+            f"{trained.path} is damaged: it has no model_state_dict: {checkpoint.RESTORE_IT}"
+        )
+    try:  # what the checkpoint records of its model, and its weights, are the file's
+        dtype = compute_dtype(settings.model.precision, "cpu", config["kind"])
+        model = create_model(
+            config,
+            spec.observation_shape,
+            spec.num_actions,
+            compute_dtype=dtype,
+            inference_only=True,
+        )
+        model.load_state_dict(trained.state["model_state_dict"])
+    except (KeyError, RuntimeError, TypeError, ValueError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise checkpoint.CheckpointError(
+            f"{trained.path} is damaged: the model it records cannot be built, or its "
+            "weights do not fit it "
+            f"({shown(f'{type(error).__name__}: {reason}', quote=False)}): "
+            f"{checkpoint.RESTORE_IT}"
+        ) from None
     model.train(settings.run.sample_actions)  # drawn from the policy, or its most likely
     if settings.run.sample_actions and trained.env.seed is not None:
         torch.manual_seed(trained.env.seed)  # the draws, as the games, repeat with --seed
