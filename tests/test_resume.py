@@ -287,6 +287,27 @@ def test_a_signal_that_comes_while_the_first_stops_the_run_changes_nothing():
     assert stops == [0] and handler.received
 
 
+def test_a_damaged_meta_json_is_said_and_written_anew_as_the_run_resumes(tmp_path):
+    # Valid JSON of another shape ([1], "str", {"seeds": 5}) was a traceback at every
+    # start: the run could not be resumed without removing the file by hand.
+    run = [*SMALL_RUN, "--xpid", "r", "--seed", "3"]
+    assert monobeast(tmp_path, *run, "--total_steps", "200").returncode == 0
+    meta = tmp_path / "r" / "meta.json"
+    date_start = json.loads(meta.read_text())["date_start"]
+    for steps, damaged, said in [
+        ("400", "[1]", "is damaged (not a JSON object): it is written anew."),
+        ("600", json.dumps({"seeds": 5, "date_start": date_start}), "is damaged (its seeds)"),
+    ]:
+        meta.write_text(damaged)
+        resumed = monobeast(tmp_path, *run, "--total_steps", steps)
+        assert resumed.returncode == 0, resumed.stderr
+        assert f"{meta} {said}" in (tmp_path / "r" / "out.log").read_text()
+        record = json.loads(meta.read_text())
+        assert record["successful"] and record["flags"]["total_steps"] == int(steps)
+    assert record["date_start"] == date_start  # the fields that were whole are kept
+    assert record["seeds"] == [None, 3]  # an earlier start's, unknown; this one's
+
+
 def test_a_second_command_on_a_run_being_trained_is_refused_and_takes_nothing(tmp_path):
     # It set the first's logs aside, and its checkpoint at its stop replaced the first's
     # (a finished run's 40080 steps became 17200).

@@ -26,6 +26,14 @@ from torchbeast.core.errors import RunFolderError, UserError, write_failure
 
 log = logging.getLogger("torchbeast")
 
+# What a resumed start reads of meta.json, and the type each must have.
+META_FIELD_TYPES: dict[str, type] = {
+    "flags": dict,
+    "seeds": list,
+    "date_start": str,
+    "dates_resumed": list,
+}
+
 VERSIONED_PACKAGES = ("torch", "numpy", "gymnasium", "ale-py", "torchbeast")
 # What a run leaves in its folder besides its checkpoint and the files FileWriter names.
 EARLIER_RUN_FILES = ("eval.json",)
@@ -157,11 +165,33 @@ class FileWriter:
         return folder
 
     def _read_previous_meta(self) -> dict:
+        """The earlier starts' record, as far as it is whole: a field of another type
+        (a damaged or hand-edited file) is left out, and said, instead of failing the
+        start that reads it; it is written anew as this start's."""
         try:
             with open(self.paths["meta.json"]) as f:
-                return json.load(f)
-        except (OSError, ValueError):
+                previous = json.load(f)
+        except FileNotFoundError:
             return {}
+        except (OSError, ValueError):
+            previous = None
+        if not isinstance(previous, dict):
+            log.warning(
+                "%s is damaged (not a JSON object): it is written anew.", self.paths["meta.json"]
+            )
+            return {}
+        damaged = [
+            key
+            for key, kind in META_FIELD_TYPES.items()
+            if key in previous and not isinstance(previous[key], kind)
+        ]
+        if damaged:
+            log.warning(
+                "%s is damaged (its %s): written anew without them.",
+                self.paths["meta.json"],
+                ", ".join(damaged),
+            )
+        return {key: value for key, value in previous.items() if key not in damaged}
 
     def _drop_partial_row(self) -> None:
         """Cuts a last row that a failed write (a full disk) left unfinished, so that the
