@@ -461,3 +461,26 @@ def test_a_scalar_box_observation_is_refused_naming_the_fix():
     assert (
         space_problem(gym.spaces.Box(-1.0, 1.0, (1,), np.float32), gym.spaces.Discrete(2)) is None
     )
+
+
+@pytest.mark.parametrize(
+    "env_id, said",
+    [
+        # A module whose own code raises (not an ImportError) was a traceback.
+        (
+            "tests.env_module_that_fails:Broken-v0",
+            "importing 'tests.env_module_that_fails' for environment "
+            "'tests.env_module_that_fails:Broken-v0' failed (RuntimeError: the module's own "
+            "setup failed): fix the module, then run the same command",
+        ),
+        # No module before the ':' (a typo), or a relative one: a traceback, or "the
+        # environment failed as it was made".
+        (":CartPole-v1", "environment ':CartPole-v1' names no module before its ':'"),
+        (".envs_for_tests:Coins-v0", "environment '.envs_for_tests:Coins-v0' names no module"),
+    ],
+)
+def test_an_env_id_whose_module_cannot_be_had_is_one_line(tmp_path, env_id, said):
+    from tests.test_monobeast import assert_one_error_line, monobeast
+
+    result = monobeast(tmp_path, "--env", env_id, "--total_steps", "10")
+    assert_one_error_line(result, said)

@@ -9,7 +9,7 @@ import threading
 
 import gymnasium as gym
 
-from torchbeast.core.errors import UserError
+from torchbeast.core.errors import UserError, shown
 
 LIST_IDS_HINT = "list valid ids with: python -m torchbeast.envs"
 MINATAR_PREFIX = "MinAtar/"  # the ids MinAtar registers
@@ -53,7 +53,12 @@ def _register_optional_envs(with_minatar: bool = True) -> None:
 
 def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     """The registered spec of ``env_id``; ``module:Id`` imports ``module`` first."""
-    module, _, name = env_id.rpartition(":")
+    module, colon, name = env_id.rpartition(":")
+    if colon and (not module or module.startswith(".")):  # ":Id", ".mod:Id": no module's name
+        raise EnvError(
+            f"environment {env_id!r} names no module before its ':' (a module's full name, "
+            f"as in my_package.envs:{name or 'MyEnv-v0'}): give one, or the id alone"
+        )
     _register_optional_envs(with_minatar=name.startswith(MINATAR_PREFIX))
     try:
         if module:
@@ -67,6 +72,12 @@ def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
         hint = "install it with: pip install MinAtar; " if name.startswith(MINATAR_PREFIX) else ""
         raise EnvError(
             f"unknown environment id {env_id!r} ({error}); {hint}{LIST_IDS_HINT}"
+        ) from None
+    except Exception as error:  # the module's own code failed as it was imported
+        reason = shown(f"{type(error).__name__}: {error}", quote=False)
+        raise EnvImportError(
+            f"importing {module!r} for environment {env_id!r} failed ({reason}): fix the "
+            "module, then run the same command"
         ) from None
 
 
