@@ -9,7 +9,7 @@ from torch import nn
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.settings import build_settings
 from torchbeast.core.errors import UserError
-from torchbeast.core.models import count_parameters, create_model, model_config
+from torchbeast.core.models import count_parameters, create_model, model_config, parameter_bound
 from torchbeast.core.settings import ModelSettings
 
 ATARI_SHAPE = (4, 84, 84)
@@ -385,3 +385,21 @@ def test_the_learners_model_starts_from_the_weight_init_flag(tmp_path, weight_in
 
 def test_orthogonal_is_the_default_weight_init():
     assert parse_flags([]).weight_init == "orthogonal"
+
+
+@pytest.mark.parametrize(
+    "shape, torso",
+    [((4, 84, 84), None), ((4, 84, 84), "resnet"), ((1, 36, 36), None), ((10, 10, 4), "grid")]
+    + [((3, 3, 1), "grid"), ((4,), None), ((2, 3, 4), "mlp")],
+)
+@pytest.mark.parametrize("use_lstm", [False, True])
+def test_the_parameter_bound_is_above_every_models_count(shape, torso, use_lstm):
+    # Training checks its memory by it before building the model (a mistyped
+    # --hidden_size was an allocation's traceback), so it must never be below.
+    for hidden, layers, actions in [(None, None, 6), (16, 1, 2), (300, 3, 18)]:
+        settings = ModelSettings(
+            torso=torso, use_lstm=use_lstm, hidden_size=hidden, num_layers=layers
+        )
+        config = model_config(settings, shape)
+        real = count_parameters(create_model(config, shape, actions))
+        assert real <= parameter_bound(config, shape, actions) < 20 * real + 2_000_000

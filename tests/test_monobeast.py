@@ -568,3 +568,14 @@ def test_monobeast_loads_neither_grpc_nor_ray():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_a_model_too_large_for_the_machine_is_one_line_before_it_is_built(tmp_path):
+    # --hidden_size 100000 (a typo for 1000): an allocation's traceback of 40 GB.
+    result = monobeast(tmp_path, "--env", "CartPole-v1", "--hidden_size", "100000", "--xpid", "r")
+    assert_one_error_line(
+        result,
+        "the mlp model (--hidden_size 100000, --num_layers 2) has 10,000,900,012 parameters",
+        "give a smaller --hidden_size (or --num_layers)",
+    )
+    assert not (tmp_path / "r").exists()

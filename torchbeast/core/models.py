@@ -401,5 +401,24 @@ def create_model(
     return model
 
 
+def parameter_bound(config: dict, observation_shape: Sequence[int], num_actions: int) -> int:
+    """A bound above the parameters of ``create_model(config, ...)``, without building it:
+    the torso's convs (under a million weights) and first linear layer, which reads at
+    most H x W values of the frame convs (their strides shrink it), 16 x H x W of the grid
+    conv, every value of a flat observation; its further layers; the core (two LSTM
+    layers of 4 gates: 16 x its size squared) and the heads."""
+    hidden, layers = config["hidden_size"], config["num_layers"]
+    shape = tuple(observation_shape)
+    reads = {
+        "atari": math.prod(shape[-2:]),
+        "resnet": math.prod(shape[-2:]),
+        "grid": 16 * math.prod(shape[:2]),
+        "mlp": math.prod(shape),
+    }[config["kind"]]
+    core = hidden + num_actions + 1
+    bound = 1_000_000 + (reads + 1) * hidden + (hidden + 1) * hidden * layers
+    return bound + 17 * core**2 * config["use_lstm"] + (core + 1) * (num_actions + 1)
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
