@@ -12,7 +12,7 @@ import torch
 from torchbeast import envs
 from torchbeast.core.checkpoint import describe_spec
 from torchbeast.core.errors import UserError, shown
-from torchbeast.core.models import count_parameters, create_model, model_config
+from torchbeast.core.models import count_parameters, create_model, model_config, parameter_bound
 from torchbeast.core.settings import ModelSettings
 from torchbeast.core.spec import EnvSpec
 
@@ -108,6 +108,11 @@ def check_model_fits(spec: EnvSpec, model: ModelSettings) -> None:
         config = model_config(model, spec.observation_shape)
     except UserError as error:
         raise SpecMismatch(f"{error} (the learner was not told --env)") from None
+    if (
+        parameter_bound(config, spec.observation_shape, spec.num_actions)
+        <= MAX_PEER_MODEL_PARAMETERS
+    ):
+        return  # (counting a conv torso on the meta device costs a second)
     with torch.device("meta"):
         parameters = count_parameters(
             create_model(config, spec.observation_shape, spec.num_actions)
