@@ -61,3 +61,20 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_same_command_resumes(sm
     assert f"Resuming from {small_disk / 'r' / 'model.tar'} (step {saved}," in resumed.stdout
     logs = read_logs(small_disk / "r" / "logs.csv")  # a row cut by the full disk was dropped
     assert logs["step"][-1] >= 60000
+
+
+def test_an_out_log_that_cannot_be_written_is_said_once_and_the_run_finishes(tmp_path):
+    # Its last flush, as the file closed, failed again and turned the finished run into
+    # "error: [Errno 28] No space left on device" (a file named nowhere, exit code 1).
+    run = [*SMALL_RUN, "--xpid", "r"]
+    assert monobeast(tmp_path, *run, "--total_steps", "200").returncode == 0
+    out_log = tmp_path / "r" / "out.log"
+    out_log.unlink()
+    out_log.symlink_to("/dev/full")  # every write fails: ENOSPC
+    resumed = monobeast(tmp_path, *run, "--total_steps", "400")
+    assert resumed.returncode == 0, resumed.stderr
+    said = [line for line in resumed.stderr.splitlines() if "cannot write" in line]
+    assert said == [
+        f"torchbeast: cannot write {out_log} (No space left on device): the console keeps the log."
+    ]
+    assert torch.load(tmp_path / "r" / "model.tar", weights_only=True)["step"] >= 400

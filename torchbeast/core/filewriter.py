@@ -368,6 +368,20 @@ class RunLogHandler(logging.FileHandler):
                 file=sys.stderr,
             )
 
+    def close(self) -> None:
+        """Closes out.log; a last flush it cannot write was said (or is said now) once,
+        and ends nothing: the run's other files are whole."""
+        try:
+            super().close()
+        except OSError as error:
+            if not self.failed:
+                self.failed = True
+                print(
+                    f"torchbeast: cannot write {self.baseFilename} ({write_failure(error)}): "
+                    "the console keeps the log.",
+                    file=sys.stderr,
+                )
+
 
 def _cell(value: object) -> object:
     if isinstance(value, float) and value != value:
