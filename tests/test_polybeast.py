@@ -628,6 +628,39 @@ def test_tls_files_that_are_missing_or_not_pem_are_one_line_at_either_end(tmp_pa
         assert len(lines) == 1 and fragment in lines[0], result.stderr
 
 
+def test_tls_files_that_are_pem_but_not_a_pair_or_not_readable_are_one_line(tmp_path):
+    # gRPC said "Invalid cert chain file" in its own log lines, and the run stopped with
+    # "cannot listen on ...: Failed to bind to address": the files were never named.
+    pairs = []
+    for name in ("a", "b"):
+        key, cert = tmp_path / f"key_{name}.pem", tmp_path / f"cert_{name}.pem"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+             "-out", cert, "-days", "1", "-subj", "/CN=localhost"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        pairs.append((cert, key))
+    (cert_a, key_a), (_, key_b) = pairs
+    garbled = tmp_path / "garbled.pem"
+    garbled.write_text("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n")
+    address = f"127.0.0.1:{free_port()}"
+    serve = ["torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--savedir",
+             str(tmp_path), "--xpid", "r"]  # fmt: skip
+    assert_each_says(
+        [[*serve, "--tls_cert", str(cert_a), "--tls_key", str(key_b)]],
+        f"error: --tls_cert {cert_a} and --tls_key {key_b} are not a certificate and its "
+        "unencrypted private key (KEY_VALUES_MISMATCH): give the pair that was made together",
+    )
+    dial = ["torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1"]
+    result = subprocess.run(
+        [sys.executable, "-m", *dial, "--tls_ca", str(garbled)],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert f"--tls_ca {garbled} holds no certificate OpenSSL can read" in line
+
+
 def assert_each_says(commands: list[list[str]], line: str) -> None:
     """Each ``python -m`` command fails with exit code 1 and ``line`` alone on stderr."""
     for command in commands:

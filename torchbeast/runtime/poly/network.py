@@ -12,6 +12,7 @@ import hmac
 import logging
 import os
 import socket
+import ssl
 import stat
 from concurrent import futures
 
@@ -74,6 +75,32 @@ def _read(path: str, what: str) -> bytes:
             "or key (openssl x509 -in FILE -outform PEM converts a DER one)"
         )
     return pem
+
+
+def check_tls_files(settings: NetworkSettings) -> None:
+    """Refuses TLS files whose PEM content OpenSSL cannot take (a certificate and a key
+    that are not a pair, or garbage between the BEGIN and END lines): gRPC says so only in
+    its own log lines, then fails to listen "on the address" or retries a handshake for
+    ever. (``_read`` has checked that each is there and looks like PEM.)"""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    if settings.tls_cert and settings.tls_key:
+        cert, key = settings.tls_cert, settings.tls_key
+        try:  # an encrypted key (which gRPC cannot take either) fails without a prompt
+            context.load_cert_chain(os.path.expanduser(cert), os.path.expanduser(key), b"")
+        except ssl.SSLError as error:
+            raise NetworkError(
+                f"--tls_cert {cert} and --tls_key {key} are not a certificate and its "
+                f"unencrypted private key ({error.reason or error}): give the pair that was "
+                "made together"
+            ) from None
+    if settings.tls_ca:
+        try:
+            context.load_verify_locations(os.path.expanduser(settings.tls_ca))
+        except ssl.SSLError as error:
+            raise NetworkError(
+                f"--tls_ca {settings.tls_ca} holds no certificate OpenSSL can read "
+                f"({error.reason or error}): give the PEM certificate of the authority"
+            ) from None
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
@@ -206,12 +233,14 @@ def create_server(
             address,
             in_the_clear(settings, "--tls_cert and --tls_key"),
         )
+    if settings.tls_cert:
+        key, cert = _read(settings.tls_key, "--tls_key"), _read(settings.tls_cert, "--tls_cert")
+        ca = _read(settings.tls_ca, "--tls_ca") if settings.tls_ca else None
+        check_tls_files(settings)
     try:
         if settings.tls_cert:
             credentials = grpc.ssl_server_credentials(
-                [(_read(settings.tls_key, "--tls_key"), _read(settings.tls_cert, "--tls_cert"))],
-                root_certificates=_read(settings.tls_ca, "--tls_ca") if settings.tls_ca else None,
-                require_client_auth=bool(settings.tls_ca),
+                [(key, cert)], root_certificates=ca, require_client_auth=bool(settings.tls_ca)
             )
             port = server.add_secure_port(address, credentials)
         else:
@@ -235,9 +264,11 @@ def create_channel(settings: NetworkSettings, address: str) -> grpc.Channel:
         if not is_local_address(address):
             log.warning("Dialling %s without TLS: %s", address, in_the_clear(settings, "--tls_ca"))
         return grpc.insecure_channel(address, options=options)
+    root_certificates = _read(settings.tls_ca, "--tls_ca")
+    key = _read(settings.tls_key, "--tls_key") if settings.tls_key else None
+    cert = _read(settings.tls_cert, "--tls_cert") if settings.tls_cert else None
+    check_tls_files(settings)
     credentials = grpc.ssl_channel_credentials(
-        root_certificates=_read(settings.tls_ca, "--tls_ca"),
-        private_key=_read(settings.tls_key, "--tls_key") if settings.tls_key else None,
-        certificate_chain=_read(settings.tls_cert, "--tls_cert") if settings.tls_cert else None,
+        root_certificates=root_certificates, private_key=key, certificate_chain=cert
     )
     return grpc.secure_channel(address, credentials, options=options)
