@@ -217,6 +217,11 @@ def test_a_cell_that_fails_is_recorded_and_the_others_go_on(tmp_path):
          "disable_cuda = false cannot turn off the training's disable_cuda = true"),
         (('runtime = "mono"', 'runtime = "mono"\nresources = 2'), "resources must be a "
          "table: [resources], then name = value lines"),
+        # Taken, and written into study.json as NaN, which is no JSON.
+        (("hidden_size = [16, 32]", "hidden_size = [16, 32]\n[resources]\ngpus = nan"),
+         "[resources] gpus must be a number of at least 0"),
+        (("hidden_size = [16, 32]", "hidden_size = [16, 32]\n[resources]\ngpus = inf"),
+         "[resources] gpus must be a number of at least 0"),
         (("hidden_size = [16, 32]", 'hidden_size = [16, 32]\nr = [{name = "w", hidden_size'
           " = 64}]"), "the set 'w' of axis r sets hidden_size, which is also an axis of the "
          "study: keep one"),

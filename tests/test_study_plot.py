@@ -163,16 +163,17 @@ def test_a_table_of_a_study_with_proxies_shows_the_score_cells_under_each_return
 
 
 def test_a_damaged_study_json_is_one_line(tmp_path, capsys):
+    # It said to run the study again, which refuses a damaged study.json; one not JSON
+    # was "no study table: run the study first".
     for damaged in (
         '{"foo": 1}', "[]", '{"study": {"axes": [1]}, "cells": []}',
-        '{"study": {"axes": {}}, "cells": [{}]}',
+        '{"study": {"axes": {}}, "cells": [{}]}', '{"study": ', "\udcff",
     ):  # fmt: skip
-        (tmp_path / "study.json").write_text(damaged)  # KeyError, TypeError tracebacks
+        (tmp_path / "study.json").write_text(damaged, errors="surrogateescape")
         assert study_plot.main([str(tmp_path)]) == 1
-        err = capsys.readouterr().err.strip().splitlines()
-        assert err == [f"error: {tmp_path / 'study.json'} is damaged: run the study again "
-                       "(python -m torchbeast.study FILE.toml) to write it anew from its "
-                       "cells' folders"]  # fmt: skip
+        said = f"error: {tmp_path / 'study.json'} is damaged: restore it from a copy "
+        said += f"(python -m torchbeast.study refuses {tmp_path} until it is whole)"
+        assert capsys.readouterr().err.strip().splitlines() == [said]
 
 
 def test_a_study_under_way_has_its_curves_drawn(tmp_path, capsys):

@@ -567,7 +567,8 @@ def read_resources(path: str, table: dict) -> Resources:
     gpus = resources.get("gpus", Resources.gpus)
     if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1:
         raise StudyError(f"{path}: [resources] cpus must be a whole number of at least 1")
-    if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
+    valid = not isinstance(gpus, bool) and isinstance(gpus, (int, float))
+    if not valid or not math.isfinite(gpus) or gpus < 0:  # nan passes "< 0"
         raise StudyError(f"{path}: [resources] gpus must be a number of at least 0")
     return Resources(cpus, float(gpus))
 

@@ -47,13 +47,19 @@ def load_study(path: str) -> tuple[Path, dict, list[dict]]:
     if not given.exists():
         raise StudyError(f"no study file or folder {path}: give the study's file or its folder")
     folder = read_study(str(given)).folder if given.is_file() else given
+    damaged = StudyError(  # which the study refuses too: restored, or nothing
+        f"{folder / SPEC_NAME} is damaged: restore it from a copy (python -m "
+        f"torchbeast.study refuses {folder} until it is whole)"
+    )
     try:
         spec = json.loads((folder / SPEC_NAME).read_text())
-    except (OSError, ValueError):
+    except OSError:
         raise StudyError(
             f"no study table in {folder} ({SPEC_NAME}): run the study first "
             "(python -m torchbeast.study FILE.toml)"
         ) from None
+    except ValueError:  # not JSON (nor text)
+        raise damaged from None
     try:
         study, cells = spec["study"], list(spec["cells"])
         if not all(isinstance(cell, dict) and "cell" in cell for cell in cells):
@@ -62,10 +68,7 @@ def load_study(path: str) -> tuple[Path, dict, list[dict]]:
         study["axes"] = {axis: [label(v) for v in vs] for axis, vs in study["axes"].items()}
         rows = with_true_returns(cells)
     except (KeyError, TypeError, AttributeError):
-        raise StudyError(
-            f"{folder / SPEC_NAME} is damaged: run the study again (python -m "
-            "torchbeast.study FILE.toml) to write it anew from its cells' folders"
-        ) from None
+        raise damaged from None
     return folder, study, rows
 
 
