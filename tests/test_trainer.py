@@ -156,6 +156,17 @@ def test_num_buffers_given_where_the_runtime_keeps_none_is_said_to_do_nothing(tm
     assert (said in (tmp_path / "run" / "out.log").read_text()) == (runtime == "ray")
 
 
+def test_what_a_run_whose_weights_broke_says_of_its_checkpoint_is_true(tmp_path):
+    # "The checkpoint keeps the last good weights" was said where none had been written,
+    # and the warning read "(no checkpoint could be written stays)".
+    trainer = InProcessTrainer(make_flags(tmp_path, "--total_steps", "400"))
+    assert trainer.checkpoint.good_one() == "no checkpoint was written before the weights broke"
+    trainer.train()
+    assert trainer.checkpoint.good_one() == (
+        f"the checkpoint {tmp_path / 'run' / 'model.tar'} holds step 400, its last good weights"
+    )
+
+
 def test_a_resumed_run_with_another_batch_size_goes_on_with_the_rate_of_its_steps(tmp_path):
     InProcessTrainer(make_flags(tmp_path, "--total_steps", "400")).train()  # 4 x 10 steps
     InProcessTrainer(make_flags(tmp_path, "--total_steps", "800", "--batch_size", "8")).train()

@@ -196,8 +196,8 @@ class RunCheckpoint:
             if not model_is_sound(self.learner.model, self.env_spec):  # the last good one stays
                 log.warning(
                     "Not saving the checkpoint: the model's weights or outputs are non-finite "
-                    "(%s stays).",
-                    self.on_disk(),
+                    "(%s).",
+                    self.good_one(),
                 )
                 return
             state = self.learner.state_dict()
@@ -237,6 +237,13 @@ class RunCheckpoint:
             self.replay.transitions,
             os.path.getsize(self.replay_path) / 2**20,
         )
+
+    def good_one(self) -> str:
+        """What stays on disk where the weights broke: "the checkpoint ... holds step N,
+        its last good weights", or that there is none."""
+        if self.run.disable_checkpoint or self.saved_step is None:
+            return "no checkpoint was written before the weights broke"
+        return f"{self.on_disk()}, its last good weights"
 
     def on_disk(self) -> str:
         """What the checkpoint on disk holds, for the line that stops a run."""

@@ -410,9 +410,7 @@ class Trainer:
         if pool.error is not None:
             raise TrainingError(pool.error)
         if isinstance(self.failure, NonFiniteLossError):
-            raise TrainingError(
-                f"stopped: {self.failure}. The checkpoint keeps the last good weights."
-            )
+            raise TrainingError(f"stopped: {self.failure}; {self.checkpoint.good_one()}")
         if isinstance(self.failure, RunFolderError):
             raise TrainingError(
                 f"{self.failure}: stopped at step {self.learner.step}; "
