@@ -78,3 +78,18 @@ def test_an_out_log_that_cannot_be_written_is_said_once_and_the_run_finishes(tmp
         f"torchbeast: cannot write {out_log} (No space left on device): the console keeps the log."
     ]
     assert torch.load(tmp_path / "r" / "model.tar", weights_only=True)["step"] >= 400
+
+
+def test_a_fields_csv_that_cannot_be_written_is_named_as_the_run_stops(tmp_path):
+    # The line named logs.csv, which was whole.
+    from torchbeast.core.errors import RunFolderError
+    from torchbeast.core.filewriter import FileWriter
+
+    writer = FileWriter(str(tmp_path), "r", {"env": "CartPole-v1"})
+    (tmp_path / "r" / "fields.csv").mkdir()  # as unwritable as a file can be, even for root
+    try:
+        with pytest.raises(RunFolderError) as error:
+            writer.log({"step": 40, "total_loss": 1.0})
+        assert str(error.value).startswith(f"cannot write {tmp_path / 'r' / 'fields.csv'} (")
+    finally:
+        writer.close()

@@ -272,12 +272,18 @@ class FileWriter:
         TensorBoard, a copy of the same figures, is given up with one warning."""
         row = {"_tick": self._tick, "_time": time.time(), **stats}
         self._tick += 1
-        try:
-            new_fields = [key for key in row if key not in self.fieldnames]
-            if new_fields:
-                self.fieldnames += new_fields
+        new_fields = [key for key in row if key not in self.fieldnames]
+        if new_fields:
+            self.fieldnames += new_fields
+            try:
                 with open(self.paths["fields.csv"], "w") as f:
                     f.write(",".join(self.fieldnames) + "\n")
+            except OSError as error:
+                raise RunFolderError(
+                    f"cannot write {self.paths['fields.csv']} ({write_failure(error)})"
+                ) from None
+        try:
+            if new_fields:
                 self._logs_file.write("# " + ",".join(self.fieldnames) + "\n")
             writer = csv.DictWriter(self._logs_file, fieldnames=self.fieldnames, restval="")
             writer.writerow({key: _cell(value) for key, value in row.items()})
