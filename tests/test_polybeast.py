@@ -661,6 +661,25 @@ def test_tls_files_that_are_pem_but_not_a_pair_or_not_readable_are_one_line(tmp_
     assert f"--tls_ca {garbled} holds no certificate OpenSSL can read" in line
 
 
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--clients_per_process", "3"], "--clients_per_process is for env clients that dial"),
+        (["--client_steps", "50"], "--client_steps is for env clients that dial a learner"),
+        (["--connect", "unix:/nonexistent", "--max_streams", "2"], "--max_streams is for env "
+         "servers; with --connect these are env clients: leave --max_streams out"),
+    ],
+)  # fmt: skip
+def test_an_env_flag_of_the_other_mode_is_refused(flags, said):
+    # Each was ignored without a word: servers given --clients_per_process 3 served as one.
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast.polybeast_env", *ENV, *flags],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert said in result.stderr.strip().splitlines()[-1]
+
+
 def assert_each_says(commands: list[list[str]], line: str) -> None:
     """Each ``python -m`` command fails with exit code 1 and ``line`` alone on stderr."""
     for command in commands:
