@@ -217,6 +217,9 @@ def test_a_cell_that_fails_is_recorded_and_the_others_go_on(tmp_path):
          "disable_cuda = false cannot turn off the training's disable_cuda = true"),
         (('runtime = "mono"', 'runtime = "mono"\nresources = 2'), "resources must be a "
          "table: [resources], then name = value lines"),
+        # Dropped without a word: each cell is named for its values.
+        (("total_steps = 800", 'total_steps = 800\nxpid = "mine"'), "the cells' "
+         "training sets xpid = \"mine\", but each cell's name is its folder's: leave it out"),
         # Taken, and written into study.json as NaN, which is no JSON.
         (("hidden_size = [16, 32]", "hidden_size = [16, 32]\n[resources]\ngpus = nan"),
          "[resources] gpus must be a number of at least 0"),

@@ -459,6 +459,11 @@ def check_values(
             'its folder: give a file name, e.g. video = "play.gif"'
         )
     for name, value in trained:
+        if name == "xpid":  # it was dropped without a word
+            raise StudyError(
+                f"{path}: the cells' training sets xpid = {toml_value(value)}, but "
+                f"{EVAL_OWN_KEYS['xpid']}: leave it out"
+            )
         if name in TRAINING_OWN_KEYS and value != TRAINING_OWN_KEYS[name][0]:
             reason = TRAINING_OWN_KEYS[name][1]
             raise StudyError(
