@@ -308,6 +308,24 @@ def test_a_damaged_meta_json_is_said_and_written_anew_as_the_run_resumes(tmp_pat
     assert record["seeds"] == [None, 3]  # an earlier start's, unknown; this one's
 
 
+def test_a_lock_that_is_a_folder_is_one_line_not_an_unguarded_run(tmp_path):
+    (tmp_path / "r" / ".lock").mkdir(parents=True)
+    result = monobeast(tmp_path, *SMALL_RUN, "--total_steps", "200", "--xpid", "r")
+    assert_one_error_line(
+        result, f"{tmp_path / 'r' / '.lock'} is a folder, not the lock file", "move it away"
+    )
+    assert os.listdir(tmp_path / "r") == [".lock"]
+
+
+def test_a_latest_that_is_no_link_is_left_as_it_is_and_said(tmp_path):
+    (tmp_path / "latest").write_text("my notes\n")  # it was not updated, without a word
+    assert monobeast(tmp_path, *SMALL_RUN, "--total_steps", "200", "--xpid", "r").returncode == 0
+    assert (tmp_path / "latest").read_text() == "my notes\n"
+    assert f"{tmp_path / 'latest'} is no link but a file or folder of its own" in text(
+        tmp_path / "r" / "out.log"
+    )
+
+
 def test_a_second_command_on_a_run_being_trained_is_refused_and_takes_nothing(tmp_path):
     # It set the first's logs aside, and its checkpoint at its stop replaced the first's
     # (a finished run's 40080 steps became 17200).

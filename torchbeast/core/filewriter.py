@@ -85,7 +85,6 @@ class FileWriter:
         resuming = resumed_step is not None
         self.directory = os.path.join(savedir, xpid)
         os.makedirs(self.directory, exist_ok=True)
-        self._link_latest(savedir, xpid)
         self.paths = {
             name: os.path.join(self.directory, name)
             for name in ("logs.csv", "fields.csv", "meta.json", "out.log")
@@ -97,6 +96,7 @@ class FileWriter:
             logging.Formatter("[%(levelname)s:%(process)d %(asctime)s] %(message)s")
         )
         log.addHandler(self._file_handler)
+        self._link_latest(savedir, xpid)  # what it says is in out.log too
         if set_aside is not None:
             log.warning(
                 "%s held the files of an earlier run and no checkpoint to resume from: moved "
@@ -252,6 +252,12 @@ class FileWriter:
                 os.remove(link)
             if not os.path.exists(link):
                 os.symlink(xpid, link)
+            else:  # a file or folder of a user's: left as it is
+                log.warning(
+                    "%s is no link but a file or folder of its own: left as it is, so "
+                    "--xpid latest does not name this run.",
+                    link,
+                )
         except OSError as error:
             log.warning("could not point %s at %s: %s", link, xpid, error)
 

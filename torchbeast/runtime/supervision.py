@@ -71,7 +71,7 @@ class Supervised:
 
 
 class RunBusy(RuntimeError):
-    """Another command trains the run already."""
+    """Another command trains the run already (or its lock cannot be taken)."""
 
 
 RUN_LOCK_NAME = ".lock"  # in a run's folder: held while a command trains the run
@@ -86,6 +86,11 @@ def run_folder_held(run_dir: str, xpid: str) -> Iterator[None]:
     folder it made and the run left empty (refused as it started) is removed."""
     made = not os.path.isdir(run_dir)
     path = os.path.join(run_dir, RUN_LOCK_NAME)
+    if os.path.isdir(path):  # it would not open: the run went unguarded, without a word
+        raise RunBusy(
+            f"{path} is a folder, not the lock file that keeps two commands from training "
+            "the run at once: move it away"
+        )
     try:
         os.makedirs(run_dir, exist_ok=True)
         lock = open(path, "a+")
