@@ -240,6 +240,15 @@ def test_main_writes_learning_curves_png_in_cwd_for_several_runs(tmp_path, monke
     assert_is_png_figure(tmp_path / "learning_curves.png")
 
 
+@pytest.mark.parametrize("xpid", ["", "..", "a/b"])
+def test_an_xpid_that_is_no_runs_name_is_one_line(tmp_path, capsys, xpid):
+    # "" plotted the savedir itself, and said to train with "--xpid ,"; ".." its parent.
+    assert plot.main(["--xpid", xpid, "--savedir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --xpid {xpid!r} is no run's name: give the name a run was trained "
+                   "with (--xpid NAME), or pass the run's folder"]  # fmt: skip
+
+
 def test_main_missing_run_folder_exits_2_with_one_line_error(tmp_path, capsys):
     code = plot.main(["--xpid", "nope", "--savedir", str(tmp_path)])
 

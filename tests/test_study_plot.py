@@ -103,6 +103,8 @@ def test_figure_paths_must_be_pngs_and_a_heatmap_needs_its_table(tmp_path, capsy
         (["--out", str(tmp_path / "x.txt")], "--out " + str(tmp_path / "x.txt") + " must end"),
         (["--curves", "c.jpg"], "--curves c.jpg must end in .png"),
         (["--heatmap", "h.png"], "--heatmap draws the --table: give --table DOWN ACROSS"),
+        # Taken, and used nowhere: the figures drew what they always draw.
+        (["--figure", "eval_return"], "--figure is the --table's column: give --table"),
     ]:
         assert study_plot.main([str(tmp_path), *argv]) == 1
         err = capsys.readouterr().err.strip().splitlines()

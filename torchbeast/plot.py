@@ -136,6 +136,11 @@ def _resolve_runs(paths: list[str], xpids: list[str], savedir: str) -> list[Run]
         else:
             runs.append(Run(path.resolve().name, path, path / LOGS_NAME))
     for xpid in xpids:
+        if not xpid or xpid in (".", "..") or "/" in xpid:  # a run's name, as --xpid takes
+            raise PlotError(
+                f"--xpid {xpid!r} is no run's name: give the name a run was trained with "
+                "(--xpid NAME), or pass the run's folder"
+            )
         folder = Path(savedir).expanduser() / xpid
         if not folder.is_dir():
             raise PlotError(

@@ -338,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise StudyError(f"--{flag_name} {path} must end in .png: figures are PNGs")
         if args.heatmap and not args.table:
             raise StudyError("--heatmap draws the --table: give --table DOWN ACROSS too")
+        if args.figure is not None and not args.table:  # it was taken and used nowhere
+            raise StudyError("--figure is the --table's column: give --table DOWN ACROSS too")
         if args.heatmap and (problem := unwritable(args.heatmap, "--heatmap")):
             raise StudyError(problem)
         folder, study, rows = load_study(args.study)
