@@ -979,11 +979,9 @@ def test_a_learner_without_environments_says_so_once_and_waits(tmp_path, process
     learner.wait(timeout=60)
 
 
-def test_a_learner_told_no_env_refuses_a_first_env_it_does_not_know_and_waits(
-    tmp_path, processes, sockets
-):
-    # It imported the module a peer named (the Zen of Python came out of its log), then
-    # stopped the run: "unknown environment id".
+def learner_told_no_env(tmp_path, processes, sockets):
+    """A learner serving on a Unix socket, told no --env, once it listens: its address,
+    process and log."""
     address = f"unix:{sockets}/learner"
     learner_log = tmp_path / "learner.log"
     learner = processes(
@@ -991,6 +989,24 @@ def test_a_learner_told_no_env_refuses_a_first_env_it_does_not_know_and_waits(
         "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
     )  # fmt: skip
     wait_for(lambda: os.path.exists(f"{sockets}/learner"), 60, "the learner to listen")
+    return address, learner, learner_log
+
+
+def a_good_client_trains_it(tmp_path, processes, address, learner, learner_log) -> None:
+    """A CartPole env client connects, and the learner trains to its end."""
+    processes(
+        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
+        log=tmp_path / "client.log",
+    )  # fmt: skip
+    assert learner.wait(timeout=120) == 0, text(learner_log)
+
+
+def test_a_learner_told_no_env_refuses_a_first_env_it_does_not_know_and_waits(
+    tmp_path, processes, sockets
+):
+    # It imported the module a peer named (the Zen of Python came out of its log), then
+    # stopped the run: "unknown environment id".
+    address, learner, learner_log = learner_told_no_env(tmp_path, processes, sockets)
     zen = dataclasses.replace(CARTPOLE, env_id="this:Zen-v0")
     unknown = dataclasses.replace(CARTPOLE, env_id="NoSuchGame-v0")
     refusals = [bad_stream(address, [env_hello("x", spec)], token=None) for spec in (zen, unknown)]
@@ -1000,11 +1016,7 @@ def test_a_learner_told_no_env_refuses_a_first_env_it_does_not_know_and_waits(
         "peer names: give the learner --env this:Zen-v0"
     )
     assert "unknown environment id 'NoSuchGame-v0'" in refusals[1].details()
-    processes(
-        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
-        log=tmp_path / "client.log",
-    )  # fmt: skip
-    assert learner.wait(timeout=120) == 0, text(learner_log)
+    a_good_client_trains_it(tmp_path, processes, address, learner, learner_log)
     assert "Beautiful is better than ugly" not in text(learner_log)
 
 
@@ -1013,13 +1025,7 @@ def test_a_learner_told_no_env_refuses_a_first_env_whose_model_would_be_huge_and
 ):
     # A peer's [1, 1024, 1024] frames made the learner build a 504M-parameter AtariNet
     # (8 GB with its gradients and RMSprop's state) before any step.
-    address = f"unix:{sockets}/learner"
-    learner_log = tmp_path / "learner.log"
-    learner = processes(
-        "torchbeast.polybeast_learner", *LEARNER[2:], "--serve", address, "--total_steps", "200",
-        "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
-    )  # fmt: skip
-    wait_for(lambda: os.path.exists(f"{sockets}/learner"), 60, "the learner to listen")
+    address, learner, learner_log = learner_told_no_env(tmp_path, processes, sockets)
     huge = dataclasses.replace(CARTPOLE, observation_shape=(1, 1024, 1024))
     refusal = bad_stream(address, [env_hello("x", huge)], token=None)
     assert refusal.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -1028,11 +1034,7 @@ def test_a_learner_told_no_env_refuses_a_first_env_whose_model_would_be_huge_and
         "504M parameters (--torso atari), more than the 100M a learner builds for what the "
         "first env stream says: give the learner --env CartPole-v1 to build it"
     )
-    processes(
-        "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
-        log=tmp_path / "client.log",
-    )  # fmt: skip
-    assert learner.wait(timeout=120) == 0, text(learner_log)
+    a_good_client_trains_it(tmp_path, processes, address, learner, learner_log)
     assert "mlp model, 4" in text(learner_log)  # CartPole's own, from the good client
 
 
