@@ -420,5 +420,18 @@ def parameter_bound(config: dict, observation_shape: Sequence[int], num_actions:
     return bound + 17 * core**2 * config["use_lstm"] + (core + 1) * (num_actions + 1)
 
 
+def parameters_over(
+    config: dict, observation_shape: Sequence[int], num_actions: int, limit: int
+) -> int | None:
+    """The parameters of ``create_model(config, ...)`` where they are more than ``limit``,
+    else None; without building it (and on the meta device, no memory, only where its
+    ``parameter_bound`` passes the limit: counting a conv torso there costs a second)."""
+    if parameter_bound(config, observation_shape, num_actions) <= limit:
+        return None
+    with torch.device("meta"):
+        parameters = count_parameters(create_model(config, observation_shape, num_actions))
+    return parameters if parameters > limit else None
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

@@ -151,11 +151,11 @@ STOPPED_WHILE_STARTING = (
 
 
 class FirstSignal:
-    """A signal handler that calls ``stop`` on the first signal and does nothing on any
-    later one (``received`` says whether one came): a later one may come while the first's
+    """A signal handler whose first signal calls ``stop`` and whose later ones change
+    nothing (``received`` says whether one came): a later one may come while the first's
     ``stop`` holds an Event's lock, and setting it again there would wait for ever."""
 
-    def __init__(self, stop: Callable[[], None]):
+    def __init__(self, stop: Callable[[], None] | None = None):
         self.stop = stop
         self.received = False
 
@@ -163,29 +163,23 @@ class FirstSignal:
         if self.received:
             return
         self.received = True
-        self.stop()
+        self.act(signum)
 
-
-class Sigterm:
-    """What SIGTERM does to a training command: while the run starts, the first one raises
-    Stopped, which unwinds what has started (a Ray instance, env processes) as Ctrl-C
-    does; while it trains, it calls ``stop`` (the trainer's: stop, checkpoint, exit); a
-    later one changes nothing."""
-
-    def __init__(self):
-        self.received = False
-        self.stop: Callable[[], None] | None = None
-
-    def __call__(self, signum: int, frame: object) -> None:
-        # Only the first acts: a later one may come while the first's ``stop`` holds an
-        # Event's lock, and setting it again there would wait on that lock for ever.
-        if self.received:
-            return
-        self.received = True
+    def act(self, signum: int) -> None:
         if self.stop is not None:
             self.stop()
-        else:
+
+
+class Sigterm(FirstSignal):
+    """What SIGTERM does to a training command: while the run starts (no ``stop`` yet),
+    the first one raises Stopped, which unwinds what has started (a Ray instance, env
+    processes) as Ctrl-C does; while it trains, it calls ``stop`` (the trainer's: stop,
+    checkpoint, exit); a later one changes nothing."""
+
+    def act(self, signum: int) -> None:
+        if self.stop is None:
             raise Stopped(signum, STOPPED_WHILE_STARTING)
+        self.stop()
 
 
 @contextlib.contextmanager

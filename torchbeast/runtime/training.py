@@ -36,7 +36,7 @@ from torchbeast.core.models import (
     count_parameters,
     create_model,
     model_config,
-    parameter_bound,
+    parameters_over,
     torso_splits_rows,
 )
 from torchbeast.core.precision import bf16_on_cpu, compute_dtype, describe
@@ -631,24 +631,17 @@ LEARNER_MODEL_COPIES = 6
 def check_model_fits(config: dict, env_spec: EnvSpec, num_actors: int) -> None:
     """Refuses, before any is built, a model whose copies could never fit in this
     machine's memory (e.g. a mistyped --hidden_size: an allocation's traceback, or the
-    machine swapping). Its parameters are counted on the meta device (no memory) where a
-    bound of them comes near the limit: counting a conv torso there costs a second."""
-    copies = LEARNER_MODEL_COPIES + num_actors
-    shape, actions = env_spec.observation_shape, env_spec.num_actions
-    if parameter_bound(config, shape, actions) * 4 * copies <= 0.1 * machine_memory():
-        return
-    with torch.device("meta"):
-        model = create_model(config, env_spec.observation_shape, env_spec.num_actions)
-    parameters = count_parameters(model)
-    needed = parameters * 4 * copies
-    memory = machine_memory()
-    if needed <= 0.8 * memory:
+    machine swapping)."""
+    copies, memory = LEARNER_MODEL_COPIES + num_actors, machine_memory()
+    limit = int(0.8 * memory / (4 * copies))  # fp32 parameters
+    parameters = parameters_over(config, env_spec.observation_shape, env_spec.num_actions, limit)
+    if parameters is None:
         return
     raise TrainingError(
         f"the {config['kind']} model (--hidden_size {config['hidden_size']}, --num_layers "
         f"{config['num_layers']}) has {parameters:,} parameters: its copies in the learner and "
-        f"{num_actors} actors need about {needed / 2**30:.1f} GiB, but this machine has "
-        f"{memory / 2**30:.1f} GiB: give a smaller --hidden_size (or --num_layers)"
+        f"{num_actors} actors need about {parameters * 4 * copies / 2**30:.1f} GiB, but this "
+        f"machine has {memory / 2**30:.1f} GiB: give a smaller --hidden_size (or --num_layers)"
     )
 
 

@@ -7,12 +7,10 @@ from __future__ import annotations
 import logging
 import threading
 
-import torch
-
 from torchbeast import envs
 from torchbeast.core.checkpoint import describe_spec
 from torchbeast.core.errors import UserError, shown
-from torchbeast.core.models import count_parameters, create_model, model_config, parameter_bound
+from torchbeast.core.models import model_config, parameters_over
 from torchbeast.core.settings import ModelSettings
 from torchbeast.core.spec import EnvSpec
 
@@ -103,21 +101,13 @@ def check_model_fits(spec: EnvSpec, model: ModelSettings) -> None:
     """Refuses (SpecMismatch) a first Hello's spec that the learner's model settings cannot
     build a model for (e.g. --torso atari for CartPole's [4]), or only one larger than
     ``MAX_PEER_MODEL_PARAMETERS``: that stream is refused, not the run stopped or the
-    machine's memory spent on a peer's word. Counted on the meta device: no memory."""
+    machine's memory spent on a peer's word."""
     try:
         config = model_config(model, spec.observation_shape)
     except UserError as error:
         raise SpecMismatch(f"{error} (the learner was not told --env)") from None
-    if (
-        parameter_bound(config, spec.observation_shape, spec.num_actions)
-        <= MAX_PEER_MODEL_PARAMETERS
-    ):
-        return  # (counting a conv torso on the meta device costs a second)
-    with torch.device("meta"):
-        parameters = count_parameters(
-            create_model(config, spec.observation_shape, spec.num_actions)
-        )
-    if parameters > MAX_PEER_MODEL_PARAMETERS:
+    shape, actions = spec.observation_shape, spec.num_actions
+    if parameters := parameters_over(config, shape, actions, MAX_PEER_MODEL_PARAMETERS):
         raise SpecMismatch(
             f"environment {describe_spec(spec)} would make a model of "
             f"{parameters / 1e6:.0f}M parameters (--torso {config['kind']}), more than the "
