@@ -175,6 +175,22 @@ def test_a_missing_config_file_is_one_line(tmp_path):
     assert result.stderr.count("\n") == 1 and "cannot read it" in result.stderr
 
 
+def test_a_config_that_is_a_device_or_huge_is_one_line_and_a_pipe_is_read(tmp_path, capsys):
+    # /dev/zero was read until memory ran out; a pipe, as `--config <(...)` gives, is a file.
+    with pytest.raises(SystemExit):
+        parse_flags(["--config", "/dev/zero", "--xpid", "x"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--config /dev/zero: over 1 MiB, so no flags file" in err[0], err
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"learning_rate = 0.001\n")
+    os.close(write_end)
+    try:
+        flags = parse_flags(["--config", f"/dev/fd/{read_end}", "--xpid", "x"])
+    finally:
+        os.close(read_end)
+    assert flags.learning_rate == 0.001
+
+
 def test_a_config_file_with_a_byte_order_mark_is_read_and_one_in_utf16_is_one_line(
     tmp_path, capsys
 ):

@@ -139,6 +139,22 @@ def test_a_damaged_logs_csv_is_one_line_and_the_finished_runs_record_stays(tmp_p
     assert steps[0] > 400 and steps[-1] >= 800  # from the checkpoint on
 
 
+def test_a_logs_csv_that_is_no_file_is_one_line_and_the_run_goes_on_once_it_is_moved(tmp_path):
+    # A link to /dev/full was read until memory ran out (MemoryError).
+    run = [*SMALL_RUN, "--total_steps", "400", "--xpid", "r"]
+    assert monobeast(tmp_path, *run).returncode == 0
+    logs = tmp_path / "r" / "logs.csv"
+    logs.rename(tmp_path / "logs.csv")
+    logs.symlink_to("/dev/full")
+    again = monobeast(tmp_path, *run, "--total_steps", "800")
+    assert_one_error_line(again, f"{logs} is no regular file", "move it away")
+    assert logs.is_symlink() and os.readlink(logs) == "/dev/full"  # left as it was
+    logs.unlink()
+    moved = monobeast(tmp_path, *run, "--total_steps", "800")
+    assert moved.returncode == 0, moved.stderr
+    assert int(read_rows(logs)[0]["step"]) > 400
+
+
 def test_a_checkpoint_field_of_another_type_or_missing_is_one_line_in_every_mode(tmp_path):
     # Each was a traceback where the field was first used (flags in test mode, progress or
     # starts at resume), or blamed the model (a missing step).

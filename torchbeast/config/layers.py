@@ -27,6 +27,10 @@ DEFAULT = "default"
 COMMAND_LINE = "command line"
 
 
+# A flags file is a few KB; reading stops past this, so that a device (/dev/zero) or a
+# huge file is one line, not all of memory. A pipe (`--config <(...)`) is read as a file.
+CONFIG_FILE_LIMIT = 1 << 20
+
 # Flags about how the command line is read, which a config file cannot give.
 COMMAND_LINE_ONLY = ("config", "print_settings", "help")
 
@@ -87,11 +91,17 @@ def read_config_file(path: str, parser: argparse.ArgumentParser) -> dict:
     a wrong key or value stops the parse with one line naming the file and the fix."""
     try:
         with open(path, "rb") as f:
-            raw = f.read()
-        # UTF-8, with the byte-order mark some editors write taken as it means.
-        table = tomllib.loads(raw.decode("utf-8-sig"))
+            raw = f.read(CONFIG_FILE_LIMIT + 1)
     except OSError as error:
         parser.error(f"--config {path}: cannot read it ({error.strerror or error})")
+    if len(raw) > CONFIG_FILE_LIMIT:
+        parser.error(
+            f"--config {path}: over {CONFIG_FILE_LIMIT >> 20} MiB, so no flags file: "
+            "give the TOML file of the run's flags"
+        )
+    try:
+        # UTF-8, with the byte-order mark some editors write taken as it means.
+        table = tomllib.loads(raw.decode("utf-8-sig"))
     except UnicodeDecodeError:
         parser.error(f"--config {path}: not UTF-8 text (UTF-16?): save it as UTF-8")
     except tomllib.TOMLDecodeError as error:

@@ -89,6 +89,8 @@ class FileWriter:
             name: os.path.join(self.directory, name)
             for name in ("logs.csv", "fields.csv", "meta.json", "out.log")
         }
+        if resuming:
+            self._refuse_files_not_regular("logs.csv", "meta.json")
         set_aside = None if resuming else self.set_aside_earlier_run()
 
         self._file_handler = RunLogHandler(self.paths["out.log"])
@@ -145,6 +147,17 @@ class FileWriter:
             # TensorBoard hides the events of steps after the checkpoint's likewise.
             purge_step = None if resumed_step is None else resumed_step + 1
             self._tensorboard = SummaryWriter(log_dir=self.directory, purge_step=purge_step)
+
+    def _refuse_files_not_regular(self, *names: str) -> None:
+        """The files a resumed run reads must be files: a link to a device (/dev/full,
+        /dev/zero) was read until memory ran out."""
+        for name in names:
+            path = self.paths[name]
+            if os.path.exists(path) and not os.path.isfile(path):
+                raise UserError(
+                    f"{path} is no regular file (a folder, or a link to a device): move it "
+                    "away, and the run goes on from its checkpoint with new logs"
+                )
 
     def set_aside_earlier_run(self) -> str | None:
         """Moves an earlier run's files (logs, meta.json, out.log, TensorBoard events,
