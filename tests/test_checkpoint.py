@@ -11,6 +11,7 @@ import torch
 from tests.settings_for_tests import learner_settings
 from torchbeast.core import checkpoint
 from torchbeast.core.checkpoint import CheckpointError
+from torchbeast.core.errors import first_line
 from torchbeast.core.learner import Learner
 from torchbeast.core.models import create_model, model_config
 from torchbeast.core.settings import ModelSettings
@@ -271,3 +272,12 @@ def test_a_damaged_checkpoint_is_one_line_saying_how_to_go_on(tmp_path):
         assert "\n" not in message and "is damaged" in message
         assert "restore it from a copy, or move it away to start the run anew" in message
         assert path.read_bytes() == damaged  # left as it is
+
+
+def test_an_errors_reason_is_its_first_line_or_its_type_where_it_says_nothing():
+    # An empty message (KeyError()) was an IndexError where a checkpoint did not fit.
+    assert first_line(RuntimeError("size mismatch for fc.weight\n\tcopying a param")) == (
+        "size mismatch for fc.weight"
+    )
+    assert first_line(KeyError()) == "KeyError"
+    assert first_line(ValueError("  \n "), "unreadable") == "unreadable"

@@ -25,7 +25,7 @@ import torch
 from torchbeast import envs, video
 from torchbeast.config.settings import Settings
 from torchbeast.core import checkpoint
-from torchbeast.core.errors import shown, write_failure
+from torchbeast.core.errors import first_line, shown, write_failure
 from torchbeast.core.models import Agent, create_model, model_config
 from torchbeast.core.precision import compute_dtype
 from torchbeast.core.settings import ModelSettings
@@ -285,7 +285,7 @@ def policy(settings: Settings, trained: Trained, spec: EnvSpec) -> Agent | Rando
         )
         model.load_state_dict(trained.state["model_state_dict"])
     except (KeyError, RuntimeError, TypeError, ValueError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        reason = first_line(error, "")
         raise checkpoint.CheckpointError(
             f"{trained.path} is damaged: the model it records cannot be built, or its "
             "weights do not fit it "

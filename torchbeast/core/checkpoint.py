@@ -10,7 +10,7 @@ import zipfile
 import numpy as np
 import torch
 
-from torchbeast.core.errors import SHOWN_CHARS, UserError, shown
+from torchbeast.core.errors import SHOWN_CHARS, UserError, first_line, shown
 from torchbeast.core.spec import EnvSpec
 
 FILE_NAME = "model.tar"  # in the run's folder, savedir/xpid
@@ -63,11 +63,11 @@ def load(path: str, map_location: str | torch.device = "cpu") -> dict:
             raise CheckpointError(f"its {shown(damaged)} does not match its checksum")
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:
-        text = str(error).strip()
-        if "Weights only load failed" in text:  # torch's advice here would run the file's code
+        # torch's advice on this one would run the file's code
+        if "Weights only load failed" in str(error):
             reason = "it holds objects other than tensors and plain values"
         else:
-            reason = text.splitlines()[0] if text else type(error).__name__
+            reason = first_line(error)
         raise CheckpointError(
             f"{path} is not a torchbeast checkpoint or is damaged ({reason}): restore it from "
             "a copy, or move it away to start the run anew (do not load it with "

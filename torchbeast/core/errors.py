@@ -47,13 +47,22 @@ def os_error_in(error: BaseException) -> OSError | None:
     return None
 
 
+def first_line(error: BaseException, otherwise: str | None = None) -> str:
+    """The first line of ``error``'s message (a traceback-free reason for a one-line
+    error); ``otherwise``, or the error's type's name, where the message is empty."""
+    text = str(error).strip()
+    if text:
+        return text.splitlines()[0]
+    return type(error).__name__ if otherwise is None else otherwise
+
+
 def write_failure(error: BaseException) -> str:
     """Why a write failed, in the OS's words ("No space left on device"), also where torch
     wraps the OSError in an error of its own."""
     cause = os_error_in(error)
     if cause is not None and cause.strerror:
         return cause.strerror
-    return shown(str(error).strip().splitlines()[0] if str(error).strip() else repr(error))
+    return shown(first_line(error, repr(error)))
 
 
 def unwritable(path: str, flag: str) -> str | None:

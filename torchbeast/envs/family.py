@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import gymnasium as gym
 
+from torchbeast.core.errors import first_line
 from torchbeast.envs.registry import EnvError, cannot_draw, gym_spec
 
 if TYPE_CHECKING:
@@ -141,8 +142,7 @@ class EnvFamily:
                 warnings.simplefilter("ignore")
                 env = gym.make(env_id)
         except Exception as error:  # a missing dependency, a required argument, ...
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-            return f"cannot be made here: {reason}"
+            return f"cannot be made here: {first_line(error)}"
         try:
             return space_problem(env.observation_space, env.action_space)
         finally:

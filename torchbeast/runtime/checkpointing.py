@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from torchbeast.core import checkpoint
-from torchbeast.core.errors import RunFolderError, os_error_in, shown, write_failure
+from torchbeast.core.errors import (
+    RunFolderError,
+    first_line,
+    os_error_in,
+    shown,
+    write_failure,
+)
 from torchbeast.core.rollout import rollout_spec
 from torchbeast.core.weights import model_is_sound
 
@@ -147,9 +153,8 @@ class RunCheckpoint:
         try:
             self.learner.load_state_dict(state)
         except (KeyError, RuntimeError, ValueError) as error:  # e.g. another number of actions
-            first_line = str(error).strip().splitlines()[0]
             raise checkpoint.CheckpointError(
-                f"checkpoint {self.path} does not fit this run's model ({first_line}): "
+                f"checkpoint {self.path} does not fit this run's model ({first_line(error)}): "
                 "use the environment and flags it was trained with, or another --xpid"
             ) from None
         saved_flags = state.get("flags", {})
@@ -184,8 +189,8 @@ class RunCheckpoint:
             state = torch.load(self.replay_path, weights_only=True)
             self.replay.load_state_dict(state, layout, self.settings.learner.unroll_length, shapes)
         except Exception as error:  # a damaged file, another run's rollouts
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else "unreadable"
-            return f"{empty}: {self.replay_path} does not fit this run ({shown(reason)})."
+            reason = shown(first_line(error, "unreadable"))
+            return f"{empty}: {self.replay_path} does not fit this run ({reason})."
         transitions = self.replay.transitions
         return f"Restored LASER's replay from {self.replay_path}: {transitions} transitions."
 
