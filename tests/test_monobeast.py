@@ -92,15 +92,29 @@ def processes_in_group(pgid: int) -> list[int]:
     return live_processes(2, pgid)  # field 2: the process group
 
 
+def cmdline_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def forkserver_pid(pid: int) -> int | None:
+    """The server that the run ``pid`` forks its actors from, if it is running."""
+    servers = [child for child in children_of(pid) if "forkserver" in cmdline_of(child)]
+    return servers[0] if servers else None
+
+
 def actor_pids(pid: int) -> list[int]:
+    """The processes that ``pid`` started with multiprocessing: spawned, or forked by its
+    fork server (whose children they are)."""
     pids = []
     for child in children_of(pid):
-        try:
-            with open(f"/proc/{child}/cmdline") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if "multiprocessing" in cmdline and "resource_tracker" not in cmdline:
+        cmdline = cmdline_of(child)
+        if "forkserver" in cmdline:
+            pids.extend(children_of(child))
+        elif "multiprocessing" in cmdline and "resource_tracker" not in cmdline:
             pids.append(child)
     return pids
 
@@ -268,6 +282,55 @@ def test_sigterm_saves_a_checkpoint_and_leaves_no_process(tmp_path):
     state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)
     assert state["step"] == int(read_rows(logs)[-1]["step"])
     wait_for(lambda: not any(alive(pid) for pid in actors), 10, "actors to exit")
+
+
+def ignored_signals(pid: int) -> set[int]:
+    """The signals that process ``pid`` ignores, from /proc."""
+    with open(f"/proc/{pid}/status") as f:
+        (mask,) = [line.split()[1] for line in f if line.startswith("SigIgn:")]
+    return {number for number in range(1, 65) if int(mask, 16) >> (number - 1) & 1}
+
+
+def test_actors_fork_from_a_server_that_imported_torch_and_goes_with_the_run(tmp_path):
+    # Each spawned actor imported torch anew (~1.5 s of CPU), and began with Ctrl-C's
+    # KeyboardInterrupt until it set its handlers; one restarted by the dispatcher thread
+    # could not be started otherwise.
+    process = start_monobeast(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "r")
+    try:
+        wait_for_rows(tmp_path / "r" / "logs.csv", 3)
+        server = forkserver_pid(process.pid)
+        assert server is not None and set(actor_pids(process.pid)) == set(children_of(server))
+        assert len(children_of(server)) == 2
+        with open(f"/proc/{server}/maps") as f:
+            assert "libtorch_cpu" in f.read()  # the actors fork with torch imported
+        # A stop signal to the process group is the learner's to act on, never the server's.
+        assert {signal.SIGINT, signal.SIGTERM} <= ignored_signals(server)
+        victim = children_of(server)[0]
+        os.kill(victim, signal.SIGKILL)  # its replacement forks from the server too
+        wait_for(lambda: len(children_of(server)) == 2 and victim not in children_of(server),
+                 30, "a new actor")  # fmt: skip
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    assert process.returncode == STOPPED_BY_SIGTERM
+    wait_for(lambda: not alive(server), 10, "the fork server to exit with the run")
+
+
+def test_where_no_fork_server_can_start_the_actors_are_spawned_and_it_is_said(tmp_path):
+    # A fork server listens on a Unix socket in $TMPDIR, whose path is at most 107 bytes.
+    long_tmpdir = tmp_path / ("t" * 110)
+    long_tmpdir.mkdir()
+    command = [sys.executable, "-m", "torchbeast.monobeast", "--savedir", str(tmp_path)]
+    command += [*SMALL_RUN, "--total_steps", "400", "--xpid", "r"]
+    env = {**os.environ, "TMPDIR": str(long_tmpdir)}
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, env=env, timeout=180
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Children are spawned, each importing torch anew: no fork server could start " in (
+        result.stdout
+    )
+    assert int(read_rows(tmp_path / "r" / "logs.csv")[-1]["step"]) >= 400
 
 
 def test_a_batch_larger_than_the_whole_run_is_said_and_the_run_ends_after_one_update(tmp_path):

@@ -53,9 +53,10 @@ from torchbeast.runtime.pool import ACTOR_TIME_PARTS, Pool, actor_stage_totals
 from torchbeast.runtime.processes import process_cpu_seconds
 from torchbeast.runtime.supervision import (
     RestartBudget,
+    forked_children,
     join_or_kill,
     last_line,
-    python_children_ignore_ctrl_c,
+    starting_child,
 )
 from torchbeast.runtime.training import Trainer
 
@@ -78,6 +79,12 @@ def groups_line(envs_per_actor: int, env_groups: int) -> str:
     )
 
 
+def actor_context() -> mp.context.BaseContext:
+    """Where actors and the inference process start: forked from a server that imported
+    torch and their modules once (started by the first call)."""
+    return forked_children(["torchbeast.runtime.mono_actor", "torchbeast.envs"])
+
+
 class ActorPool(Pool):
     """Starts actor processes, hands them free buffer slots, collects full ones.
 
@@ -92,16 +99,18 @@ class ActorPool(Pool):
         config: dict,
         weights: SharedWeights,
         learner_model: nn.Module,
-        first_incarnation: int = 0,
+        first_incarnation: int,
+        context: mp.context.BaseContext,
     ):
         """``learner_model``: the learner's model, whose device and weights central
         inference (``--central_inference``) takes; ``first_incarnation``: the number of
-        the actors' first incarnations (which their seeds follow from)."""
+        the actors' first incarnations (which their seeds follow from); ``context``: where
+        the actors start (``actor_context()``)."""
         num_buffers = settings.actors.num_buffers
         num_actors = settings.actors.num_actors
         self.envs_per_actor = settings.actors.envs_per_actor
         self.batch_size = settings.learner.batch_size
-        self.context = mp.get_context("spawn")
+        self.context = context
         state = create_model(
             config, env_spec.observation_shape, env_spec.num_actions
         ).initial_state(1)
@@ -205,8 +214,8 @@ class ActorPool(Pool):
             ),
             daemon=True,
         )
-        # A Ctrl-C while an actor imports torch must not kill it before it ignores SIGINT.
-        with python_children_ignore_ctrl_c():
+        # A Ctrl-C while an actor starts must not kill it before it ignores SIGINT.
+        with starting_child(self.context):
             process.start()
         child_conn.close()  # so the parent sees EOF when the actor dies
         for group, (conn, child) in enumerate(inference_pipes):
@@ -399,6 +408,7 @@ class MonoTrainer(Trainer):
     """Training with actor processes that share memory with the learner."""
 
     def __init__(self, settings: Settings):
+        self.context = actor_context()  # its server imports while the learner is built
         super().__init__(settings, envs.env_spec(settings.env))
         self.weights = SharedWeights(self.learner.model)
         self.actor_pool: ActorPool | None = None
@@ -412,6 +422,7 @@ class MonoTrainer(Trainer):
             self.weights,
             self.learner.model,
             self.checkpoint.first_incarnation(),
+            self.context,
         )
         return self.actor_pool
 

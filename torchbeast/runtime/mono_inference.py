@@ -49,7 +49,7 @@ from torchbeast.runtime.supervision import (
     STOP_SIGNALS,
     join_or_kill,
     last_line,
-    python_children_ignore_ctrl_c,
+    starting_child,
 )
 
 Connection = multiprocessing.connection.Connection
@@ -443,6 +443,7 @@ class InferenceProcess:
         self, context: mp.context.BaseContext, central: CentralInference, weights: SharedWeights
     ):
         self.central = central
+        self.context = context
         self.control, self.child_control = context.Pipe()
         self.process = context.Process(
             target=inference_process,
@@ -456,7 +457,7 @@ class InferenceProcess:
     def start(self) -> str | None:
         """Starts the process and waits until it serves; the error that stopped it, if
         any, as one line (the whole of it is logged)."""
-        with python_children_ignore_ctrl_c():
+        with starting_child(self.context):
             self.process.start()
         self.started = True
         self.child_control.close()  # so that this end sees EOF when the process dies
