@@ -323,9 +323,7 @@ def test_where_no_fork_server_can_start_the_actors_are_spawned_and_it_is_said(tm
     command = [sys.executable, "-m", "torchbeast.monobeast", "--savedir", str(tmp_path)]
     command += [*SMALL_RUN, "--total_steps", "400", "--xpid", "r"]
     env = {**os.environ, "TMPDIR": str(long_tmpdir)}
-    result = subprocess.run(
-        command, cwd=REPO, capture_output=True, text=True, env=env, timeout=180
-    )
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=180)
     assert result.returncode == 0, result.stderr
     assert "Children are spawned, each importing torch anew: no fork server could start " in (
         result.stdout

@@ -10,7 +10,8 @@ from tests.test_polybeast import REPO
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.settings import build_settings
 from torchbeast.envs import worker_seed
-from torchbeast.runtime.acting import actor_seed
+from torchbeast.runtime.acting import actor_seed, seed_global_generators
+from torchbeast.runtime.mono import actor_context
 
 
 def env_seeds(first: int | None, num_envs: int) -> set[int]:
@@ -32,6 +33,35 @@ def test_actors_and_their_restarts_seed_disjoint_envs():
             assert not seeds & seen
             seen |= seeds
     assert len(seen) == 3 * 2 * 8
+
+
+def draw_after_seeding(seed, queue) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    seed_global_generators(seed)
+    queue.put((float(np.random.random()), random.random(), float(torch.rand(())), seed))
+
+
+def test_forked_actors_draw_apart_from_the_global_generators_and_alike_from_one_seed():
+    # Forked from one server, the actors shared numpy's global state: an env drawing from
+    # np.random drew the same numbers in each.
+    context = actor_context()
+    assert context.get_start_method() == "forkserver"
+    queue = context.Queue()
+    processes = [context.Process(target=draw_after_seeding, args=(seed, queue))
+                 for seed in (None, None, 7, 7)]  # fmt: skip
+    for process in processes:
+        process.start()
+    draws = [queue.get(timeout=60) for _ in processes]
+    for process in processes:
+        process.join(timeout=60)
+    unseeded = [draw[:3] for draw in draws if draw[3] is None]
+    seeded = [draw[:3] for draw in draws if draw[3] == 7]
+    assert all(a != b for a, b in zip(*unseeded, strict=True))  # numpy, random and torch
+    assert seeded[0] == seeded[1]
 
 
 def test_other_runs_seeds_start_elsewhere():

@@ -8,10 +8,12 @@ RayBeast's into buffers they return through Ray's object store.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from torchbeast import envs
@@ -59,6 +61,21 @@ def as_tensors(step: dict) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(v) for k, v in step.items()}
 
 
+def seed_global_generators(seed: int | None) -> None:
+    """Seeds torch's, numpy's and Python's global generators with ``seed``, or from the OS
+    where it is None: every new process starts from torch's one fixed seed, and actors
+    forked from one server (MonoBeast's) share numpy's state, so an env that draws from
+    ``np.random`` drew the same numbers in every actor."""
+    if seed is None:
+        torch.seed()
+        np.random.seed()
+        random.seed()
+    else:
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        random.seed(seed)
+
+
 def actor_seed(settings: Settings, actor_index: int, incarnation: int) -> int | None:
     """A distinct seed for each actor and each restart of it, derived from ``--seed``."""
     actors = settings.actors
@@ -86,10 +103,7 @@ class Unroller:
         """``policy``: what chooses the actions (default: this actor's copy of the model);
         ``num_envs``: how many envs it steps (default: ``--envs_per_actor``), the first
         seeded with ``seed`` and the others with the seeds after it."""
-        if seed is not None:
-            torch.manual_seed(seed)
-        else:
-            torch.seed()  # every new process starts from torch's one fixed seed otherwise
+        seed_global_generators(seed)
         self.unroll_length = settings.learner.unroll_length
         self.env_keys = rollout.env_keys(env_spec)  # with the env's episode extras
         num_envs = num_envs or settings.actors.envs_per_actor
