@@ -1,6 +1,7 @@
 """What every runtime does with the actors or processes it starts, written once: restart a
 dead one within a budget, end the run with one line when it cannot go on, start children
-with the stop signals blocked, stop them by a deadline, and stop on SIGTERM.
+with the stop signals blocked (or fork them from a server that ignores them), stop them by
+a deadline, and stop on SIGTERM.
 
 Standard library only: PolyBeast's env side, which never imports torch, uses it too.
 """
