@@ -139,17 +139,22 @@ def test_a_damaged_logs_csv_is_one_line_and_the_finished_runs_record_stays(tmp_p
     assert steps[0] > 400 and steps[-1] >= 800  # from the checkpoint on
 
 
-def test_a_logs_csv_that_is_no_file_is_one_line_and_the_run_goes_on_once_it_is_moved(tmp_path):
+def test_a_logs_csv_or_meta_json_that_is_no_file_is_one_line_and_the_run_goes_on_once_moved(
+    tmp_path,
+):
     # A link to /dev/full was read until memory ran out (MemoryError).
     run = [*SMALL_RUN, "--total_steps", "400", "--xpid", "r"]
     assert monobeast(tmp_path, *run).returncode == 0
     logs = tmp_path / "r" / "logs.csv"
-    logs.rename(tmp_path / "logs.csv")
-    logs.symlink_to("/dev/full")
-    again = monobeast(tmp_path, *run, "--total_steps", "800")
-    assert_one_error_line(again, f"{logs} is no regular file", "move it away")
-    assert logs.is_symlink() and os.readlink(logs) == "/dev/full"  # left as it was
-    logs.unlink()
+    for name in ("meta.json", "logs.csv"):
+        path = tmp_path / "r" / name
+        path.rename(tmp_path / name)
+        path.symlink_to("/dev/full")
+        again = monobeast(tmp_path, *run, "--total_steps", "800")
+        assert_one_error_line(again, f"{path} is no regular file", "away, and the run goes on")
+        assert f"its checkpoint with a new {name}" in again.stderr
+        assert path.is_symlink() and os.readlink(path) == "/dev/full"  # left as it was
+        path.unlink()
     moved = monobeast(tmp_path, *run, "--total_steps", "800")
     assert moved.returncode == 0, moved.stderr
     assert int(read_rows(logs)[0]["step"]) > 400

@@ -156,7 +156,7 @@ class FileWriter:
             if os.path.exists(path) and not os.path.isfile(path):
                 raise UserError(
                     f"{path} is no regular file (a folder, or a link to a device): move it "
-                    "away, and the run goes on from its checkpoint with new logs"
+                    f"away, and the run goes on from its checkpoint with a new {name}"
                 )
 
     def set_aside_earlier_run(self) -> str | None:
