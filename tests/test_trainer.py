@@ -139,7 +139,7 @@ def test_a_start_only_flag_given_on_a_resume_is_not_recorded_as_the_runs(tmp_pat
     state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)
     assert state["flags"]["rmsprop_init"] == 1.0  # what the run's optimizer started from
     third = InProcessTrainer(make_flags(tmp_path, "--total_steps", "1200"))
-    assert third.checkpoint.resume_if_possible(third.device)
+    assert third.checkpoint.resume_if_possible()
     assert third.checkpoint.changes == (
         "Resumed with settings other than the checkpoint's: --total_steps 1200 (was 800): "
         "this run uses them."
@@ -230,7 +230,7 @@ def test_a_resumed_run_goes_on_with_the_checkpoints_episode_window(tmp_path):
     window = list(first.progress.recent_returns)
     assert len(window) > 20
     resumed = InProcessTrainer(make_flags(tmp_path, "--total_steps", "4000"))
-    assert resumed.checkpoint.resume_if_possible(resumed.device)
+    assert resumed.checkpoint.resume_if_possible()
     assert list(resumed.progress.recent_returns) == window  # not "last 0 episodes" again
     resumed.train()
     out_log = (tmp_path / "run" / "out.log").read_text()
@@ -261,7 +261,7 @@ def test_a_resumed_run_draws_what_the_saved_run_would_have_drawn_next(tmp_path):
     expected = torch.rand(5)
     torch.manual_seed(12345)  # whatever the process did since
     resumed = InProcessTrainer(make_flags(tmp_path, "--total_steps", "800"))
-    assert resumed.checkpoint.resume_if_possible(resumed.device)
+    assert resumed.checkpoint.resume_if_possible()
     assert torch.equal(torch.rand(5), expected)
 
 
@@ -274,7 +274,7 @@ def test_each_start_of_a_run_numbers_its_actors_after_every_earlier_one(tmp_path
     second = InProcessTrainer(make_flags(tmp_path, "--total_steps", "800"))
     second.train()
     third = InProcessTrainer(make_flags(tmp_path, "--total_steps", "1200"))
-    assert third.checkpoint.resume_if_possible(third.device)
+    assert third.checkpoint.resume_if_possible()
     assert third.checkpoint.first_incarnation() == 2 * INCARNATIONS_PER_START
 
 
@@ -287,7 +287,7 @@ def test_a_resumed_laser_run_goes_on_with_the_saved_replay(tmp_path):
     saved, saved_core_state = first.replay.contents()
     assert (tmp_path / "run" / "replay.tar").exists()
     resumed = InProcessTrainer(make_flags(tmp_path, *LASER, "--total_steps", "1200"))
-    assert resumed.checkpoint.resume_if_possible(resumed.device)
+    assert resumed.checkpoint.resume_if_possible()
     restored, restored_core_state = resumed.replay.contents()
     assert resumed.replay.transitions == first.replay.transitions > 0
     for key, tensor in saved.items():
@@ -307,7 +307,7 @@ def test_a_laser_run_that_saves_no_replay_says_the_resumed_one_starts_empty(tmp_
     InProcessTrainer(make_flags(tmp_path, *LASER, *off, "--total_steps", "800")).train()
     assert not (tmp_path / "run" / "replay.tar").exists()  # the first start's would be stale
     resumed = InProcessTrainer(make_flags(tmp_path, *LASER, "--total_steps", "1200"))
-    assert resumed.checkpoint.resume_if_possible(resumed.device)
+    assert resumed.checkpoint.resume_if_possible()
     assert resumed.replay.transitions == 0
     assert resumed.checkpoint.replay_line == (
         "LASER's replay starts empty (on-policy batches until it holds --learn_start): "
@@ -320,7 +320,7 @@ def test_a_laser_run_resumed_with_no_replay_to_save_starts_empty(tmp_path):
     assert (tmp_path / "run" / "replay.tar").exists()  # the first start's, now stale
     off = ["--replay_checkpoint_gib", "0"]
     resumed = InProcessTrainer(make_flags(tmp_path, *LASER, *off, "--total_steps", "800"))
-    assert resumed.checkpoint.resume_if_possible(resumed.device)
+    assert resumed.checkpoint.resume_if_possible()
     assert resumed.replay.transitions == 0
     assert resumed.checkpoint.replay_line == (
         "LASER's replay starts empty (on-policy batches until it holds --learn_start): "
@@ -346,7 +346,7 @@ def test_a_replay_file_with_bytes_zeroed_inside_is_not_restored(tmp_path):
     InProcessTrainer(make_flags(tmp_path, *LASER, "--total_steps", "400")).train()
     zero_bytes_inside_a_tensor(tmp_path / "run" / "replay.tar")
     resumed = InProcessTrainer(make_flags(tmp_path, *LASER, "--total_steps", "800"))
-    assert resumed.checkpoint.resume_if_possible(resumed.device)
+    assert resumed.checkpoint.resume_if_possible()
     assert resumed.replay.transitions == 0
     line = resumed.checkpoint.replay_line
     assert line.startswith("LASER's replay starts empty")

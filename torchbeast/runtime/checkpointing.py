@@ -93,6 +93,26 @@ def changes_line(saved_flags: dict, settings: Settings) -> str | None:
 RESUMED_FIELDS = ("model_state_dict", "optimizer_state_dict", "scheduler_state_dict", "step")
 
 
+def read_resumable(
+    path: str, settings: Settings, env_spec: EnvSpec, config: dict, device: torch.device
+) -> dict | None:
+    """The checkpoint at ``path`` that the run resumes from, or None where there is none;
+    one of another run (env, observations, model, optimizer) or damaged is refused here,
+    before the run builds its learner or starts a process (whether it fits the model is
+    known only once the learner loads it)."""
+    if not os.path.exists(path):
+        return None
+    state = checkpoint.load(path, map_location=device)
+    checkpoint.check_compatible(state, env_spec.env_id, config, path)
+    checkpoint.check_spec(state, env_spec, path)
+    checkpoint.check_optimizer(state, settings.learner.optimizer, path)
+    if missing := [key for key in RESUMED_FIELDS if key not in state]:
+        raise checkpoint.CheckpointError(
+            f"{path} is damaged: it has no {missing[0]}: {checkpoint.RESTORE_IT}"
+        )
+    return state
+
+
 class RunCheckpoint:
     """A training run's checkpoint at ``path``: the learner's state, resumed from and
     saved to with what the run trains on (env, spec, model, flags)."""
@@ -107,9 +127,11 @@ class RunCheckpoint:
         path: str,
         flags: dict[str, object],
         replay: Replay | None = None,
+        saved_state: dict | None = None,
     ):
         """``flags``: what the checkpoint records as the run's flags (``Trainer``'s
-        ``recorded_flags``)."""
+        ``recorded_flags``); ``saved_state``: the checkpoint at ``path`` as
+        :func:`read_resumable` read and checked it (None where there is none)."""
         self.settings = settings
         self.progress = progress
         self.run = settings.run
@@ -124,6 +146,8 @@ class RunCheckpoint:
         self.flags = flags
         self.saved_step: int | None = None  # the step the checkpoint on disk holds
         self.starts = 1  # this start of the run is its n-th
+        self.saved_state = saved_state
+        self.resumed = False  # from saved_state
 
     def first_incarnation(self) -> int:
         """Where this start numbers its actors' incarnations from."""
@@ -138,18 +162,12 @@ class RunCheckpoint:
             f"learning rate {self.learner.optimizer.param_groups[0]['lr']:.6g}"
         )
 
-    def resume_if_possible(self, device: torch.device) -> bool:
-        """Loads model.tar of this xpid if there is one; refuses one of another run."""
-        if not os.path.exists(self.path):
-            return False
-        state = checkpoint.load(self.path, map_location=device)
-        checkpoint.check_compatible(state, self.env_spec.env_id, self.config, self.path)
-        checkpoint.check_spec(state, self.env_spec, self.path)
-        checkpoint.check_optimizer(state, self.settings.learner.optimizer, self.path)
-        if missing := [key for key in RESUMED_FIELDS if key not in state]:
-            raise checkpoint.CheckpointError(
-                f"{self.path} is damaged: it has no {missing[0]}: {checkpoint.RESTORE_IT}"
-            )
+    def resume_if_possible(self) -> bool:
+        """Resumes from the checkpoint ``read_resumable`` read, if there was one (once:
+        a second call says whether the first resumed)."""
+        state, self.saved_state = self.saved_state, None  # held no longer than needed
+        if state is None:
+            return self.resumed
         try:
             self.learner.load_state_dict(state)
         except (KeyError, RuntimeError, ValueError) as error:  # e.g. another number of actions
@@ -169,6 +187,7 @@ class RunCheckpoint:
         self.saved_step = self.learner.step
         if self.replay is not None:
             self.replay_line = self.restore_replay()
+        self.resumed = True
         return True
 
     def restore_replay(self) -> str:

@@ -408,10 +408,13 @@ class MonoTrainer(Trainer):
     """Training with actor processes that share memory with the learner."""
 
     def __init__(self, settings: Settings):
-        self.context = actor_context()  # its server imports while the learner is built
+        self.context: mp.context.BaseContext | None = None  # once the run's checks passed
         super().__init__(settings, envs.env_spec(settings.env))
         self.weights = SharedWeights(self.learner.model)
         self.actor_pool: ActorPool | None = None
+
+    def prepare_children(self) -> None:
+        self.context = actor_context()  # its server imports while the learner is built
 
     def create_pool(self) -> ActorPool:
         self.weights.publish(self.learner.model)

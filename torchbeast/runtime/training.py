@@ -47,7 +47,7 @@ from torchbeast.core.update_graph import UpdateGraph
 from torchbeast.core.weights import model_is_sound
 from torchbeast.envs.family import flag_text
 from torchbeast.runtime import layout
-from torchbeast.runtime.checkpointing import NOT_RESTORED_LINE, RunCheckpoint
+from torchbeast.runtime.checkpointing import NOT_RESTORED_LINE, RunCheckpoint, read_resumable
 from torchbeast.runtime.console import RateLimitedLog, setup_console_logging
 from torchbeast.runtime.pool import Pool
 from torchbeast.runtime.progress import PROGRESS_INTERVAL_S, Progress, format_duration
@@ -118,7 +118,16 @@ class Trainer:
         if self.device.type != "cpu":  # the actors' copies run on the CPU
             actor_dtype = compute_dtype(precision, "cpu", torso)
             self.precision_lines.append(describe(precision, actor_dtype, "cpu", torso))
+        # What this run cannot do is refused before it builds its learner (whose optimizer
+        # imports torch's compiler: a second of CPU) or starts a process.
         check_model_fits(self.config, env_spec, settings.actors.num_actors)
+        check_rollouts_fit(settings, env_spec)
+        if settings.replay.replay_size > 0:
+            check_replay_fits(settings.replay, env_spec, settings.learner.unroll_length)
+        saved_state = read_resumable(
+            checkpoint.path_in(run.run_dir), settings, env_spec, self.config, self.device
+        )
+        self.prepare_children()
         model = create_model(
             self.config,
             self.env_spec.observation_shape,
@@ -140,10 +149,8 @@ class Trainer:
             else:
                 self.graph_line = "Updates run eagerly, not as CUDA graphs (--cuda_graphs off)."
         self.progress = Progress(run, self.total_steps, env_spec)
-        check_rollouts_fit(settings, env_spec)
         self.replay: Replay | None = None
         if settings.replay.replay_size > 0:
-            check_replay_fits(settings.replay, env_spec, settings.learner.unroll_length)
             self.replay = Replay(settings.replay.replay_size, settings.replay.learn_start)
         self.checkpoint = RunCheckpoint(
             settings,
@@ -154,6 +161,7 @@ class Trainer:
             checkpoint.path_in(run.run_dir),
             self.recorded_flags,
             self.replay,
+            saved_state,
         )
         self.stop_requested = threading.Event()
         self.failure: BaseException | None = None  # the first, which the run says
@@ -172,6 +180,10 @@ class Trainer:
         self.updating: tuple[float, float | None] = (0.0, None)
         self.pool: Pool | None = None
         self.batch_order_lock = threading.Lock()
+
+    def prepare_children(self) -> None:
+        """Starts, once the run's checks passed, what its children will need, while the
+        learner is built (MonoBeast: the server its actors fork from)."""
 
     def create_pool(self) -> Pool:
         """Starts the actors with the learner's current weights."""
@@ -325,7 +337,7 @@ class Trainer:
     def train(self) -> dict:
         run = self.run
         env_id = self.env_spec.env_id
-        resumed = self.checkpoint.resume_if_possible(self.device)  # before any run file
+        resumed = self.checkpoint.resume_if_possible()  # before any run file
         setup_console_logging()
         writer = FileWriter(
             run.savedir,
