@@ -626,16 +626,10 @@ def test_resuming_with_another_optimizer_is_one_clear_error(tmp_path):
 # optimizer imports torch's compiler).
 REFUSED_RUN = """
 import os, sys
+from tests.test_monobeast import children_of
 from torchbeast import monobeast
 code = monobeast.main(sys.argv[1:])
-def parent(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return None
-children = [p for p in os.listdir("/proc") if p.isdigit() and parent(p) == os.getpid()]
-print(code, len(children), "torch._dynamo" in sys.modules)
+print(code, len(children_of(os.getpid())), "torch._dynamo" in sys.modules)
 """
 
 

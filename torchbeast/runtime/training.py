@@ -124,9 +124,8 @@ class Trainer:
         check_rollouts_fit(settings, env_spec)
         if settings.replay.replay_size > 0:
             check_replay_fits(settings.replay, env_spec, settings.learner.unroll_length)
-        saved_state = read_resumable(
-            checkpoint.path_in(run.run_dir), settings, env_spec, self.config, self.device
-        )
+        checkpoint_path = checkpoint.path_in(run.run_dir)
+        saved_state = read_resumable(checkpoint_path, settings, env_spec, self.config, self.device)
         self.prepare_children()
         model = create_model(
             self.config,
@@ -158,7 +157,7 @@ class Trainer:
             self.config,
             self.learner,
             self.progress,
-            checkpoint.path_in(run.run_dir),
+            checkpoint_path,
             self.recorded_flags,
             self.replay,
             saved_state,
