@@ -100,9 +100,16 @@ def cmdline_of(pid: int) -> str:
         return ""
 
 
+def is_fork_server(child: int, pid: int) -> bool:
+    """Whether ``child`` of ``pid`` is the server its actors fork from: ``pid`` forked
+    (whose command line it keeps), or one multiprocessing spawned."""
+    cmdline = cmdline_of(child)
+    return "forkserver" in cmdline or cmdline == cmdline_of(pid)
+
+
 def forkserver_pid(pid: int) -> int | None:
     """The server that the run ``pid`` forks its actors from, if it is running."""
-    servers = [child for child in children_of(pid) if "forkserver" in cmdline_of(child)]
+    servers = [child for child in children_of(pid) if is_fork_server(child, pid)]
     return servers[0] if servers else None
 
 
@@ -112,7 +119,7 @@ def actor_pids(pid: int) -> list[int]:
     pids = []
     for child in children_of(pid):
         cmdline = cmdline_of(child)
-        if "forkserver" in cmdline:
+        if is_fork_server(child, pid):
             pids.extend(children_of(child))
         elif "multiprocessing" in cmdline and "resource_tracker" not in cmdline:
             pids.append(child)
@@ -314,6 +321,32 @@ def test_actors_fork_from_a_server_that_imported_torch_and_goes_with_the_run(tmp
         process.wait(timeout=60)
     assert process.returncode == STOPPED_BY_SIGTERM
     wait_for(lambda: not alive(server), 10, "the fork server to exit with the run")
+
+
+def blocked_signals(pid: int) -> set[int]:
+    """The signals that process ``pid`` blocks, from /proc."""
+    with open(f"/proc/{pid}/status") as f:
+        (mask,) = [line.split()[1] for line in f if line.startswith("SigBlk:")]
+    return {number for number in range(1, 65) if int(mask, 16) >> (number - 1) & 1}
+
+
+def test_the_fork_server_is_the_run_forked_and_a_run_killed_outright_takes_it_along(tmp_path):
+    # The server was a new interpreter that imported torch again: ~1.8 s of CPU a run.
+    process = start_monobeast(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "r")
+    try:
+        wait_for_rows(tmp_path / "r" / "logs.csv", 3)
+        server = forkserver_pid(process.pid)
+        assert server is not None
+        assert cmdline_of(server) == cmdline_of(process.pid)  # forked, never exec'd
+        assert "forkserver" not in cmdline_of(server)
+        assert not {signal.SIGINT, signal.SIGTERM} & blocked_signals(server)  # as if spawned
+        actors = children_of(server)
+        assert len(actors) == 2
+    finally:
+        process.kill()  # no handler runs: only the pipe that says the run lives closes
+        process.wait(timeout=60)
+    wait_for(lambda: not alive(server) and not any(alive(pid) for pid in actors), 15,
+             "the fork server and its actors to exit with the run")  # fmt: skip
 
 
 def test_where_no_fork_server_can_start_the_actors_are_spawned_and_it_is_said(tmp_path):

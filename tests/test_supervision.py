@@ -4,7 +4,10 @@ starts and deadline stops, on real processes."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import signal
+import subprocess
+import sys
 import time
 
 from torchbeast.runtime.supervision import (
@@ -77,3 +80,49 @@ def test_a_child_started_with_stop_signals_blocked_inherits_the_mask():
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
     assert {signal.SIGINT, signal.SIGTERM} <= set(queue.get(timeout=60))
     child.join(30)
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FORK_SERVER_OF = """
+import os, sys, threading, time
+from torchbeast.runtime.supervision import forked_children
+
+
+def parent_of(pid):
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def cmdline(pid):
+    return open(f"/proc/{pid}/cmdline").read()
+
+
+if __name__ == "__main__":  # the spawned server runs this file again
+    how = sys.argv[1]
+    if how == "beside a thread":
+        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    context = forked_children([], fork_here=how != "not allowed")
+    queue = context.Queue()
+    child = context.Process(target=queue.put, args=("started",))
+    child.start()
+    print(queue.get(timeout=60))
+    child.join(timeout=60)
+    children = [p for p in os.listdir("/proc") if p.isdigit() and parent_of(p) == os.getpid()]
+    (server,) = [p for p in children if "resource_tracker" not in cmdline(p)]
+    forked = cmdline(server) == cmdline("self")
+    print("forked" if forked else "spawned")
+"""
+
+
+def test_the_fork_server_is_this_process_forked_only_where_that_is_safe_and_allowed(tmp_path):
+    # Forking a process that runs another Python thread may copy a lock that thread holds
+    # (the import lock, a handler's), and a forked CUDA context is of no use to a child.
+    script = tmp_path / "fork_server_of.py"
+    script.write_text(FORK_SERVER_OF)
+    for how, server in [("alone", "forked"), ("beside a thread", "spawned"),
+                        ("not allowed", "spawned")]:  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, str(script), how],
+            capture_output=True, text=True, timeout=120, cwd=REPO,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == ["started", server], how

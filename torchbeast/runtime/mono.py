@@ -81,8 +81,10 @@ def groups_line(envs_per_actor: int, env_groups: int) -> str:
 
 def actor_context() -> mp.context.BaseContext:
     """Where actors and the inference process start: forked from a server that imported
-    torch and their modules once (started by the first call)."""
-    return forked_children(["torchbeast.runtime.mono_actor", "torchbeast.envs"])
+    torch and their modules once (started by the first call: this process forked, unless
+    it holds a CUDA context, which no forked child could use)."""
+    preload = ["torchbeast.runtime.mono_actor", "torchbeast.envs"]
+    return forked_children(preload, fork_here=not torch.cuda.is_initialized())
 
 
 class ActorPool(Pool):

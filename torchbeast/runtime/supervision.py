@@ -13,10 +13,16 @@ import fcntl
 import logging
 import multiprocessing as mp
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import multiprocessing.util
 import os
 import signal
+import stat
+import sys
 import threading
 import time
+import traceback
+import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator
 
 MAX_DEATHS_PER_MINUTE_PER_ACTOR = 3
@@ -244,7 +250,7 @@ def python_children_ignore(signals: Collection[int] = (signal.SIGINT,)) -> Itera
                     signal.signal(number, handler)
 
 
-def forked_children(preload: Iterable[str]) -> mp.context.BaseContext:
+def forked_children(preload: Iterable[str], fork_here: bool = True) -> mp.context.BaseContext:
     """A context whose processes fork from one server process that imported ``preload``
     (and the main module, where it is a file) once. A child starts in a fraction of a
     second, where a spawned one spent ~1.5 s of CPU importing torch, and the children share
@@ -252,12 +258,14 @@ def forked_children(preload: Iterable[str]) -> mp.context.BaseContext:
     finds its imports done). The server is started here if it is not running, ignoring
     SIGINT and SIGTERM, as its children do until they set their own handlers: a stop signal
     to the process group while a child starts is no traceback from it, and the server ends
-    only with this process. Spawn's context where the server cannot start (its socket
-    needs a writable temporary folder)."""
+    only with this process. With ``fork_here`` (the caller's word that its state may be
+    forked: e.g. no CUDA context) the server is this process forked, where that is safe
+    (``server_forked_from_here``). Spawn's context where the server cannot start (its
+    socket needs a writable temporary folder)."""
     context = mp.get_context("forkserver")
     context.set_forkserver_preload(["__main__", *preload])
     try:
-        with python_children_ignore(STOP_SIGNALS):
+        with python_children_ignore(STOP_SIGNALS), server_forked_from_here(fork_here):
             multiprocessing.forkserver.ensure_running()
     except OSError as error:  # e.g. a $TMPDIR too long for a socket's path
         log.info(
@@ -266,6 +274,94 @@ def forked_children(preload: Iterable[str]) -> mp.context.BaseContext:
         )
         return mp.get_context("spawn")
     return context
+
+
+FORK_SERVER_COMMAND = "from multiprocessing.forkserver import main"
+
+
+def only_thread() -> bool:
+    """Whether this process runs no Python thread but this one: no lock of Python's (the
+    import lock, a logging handler's) can be held by another thread as it forks. Native
+    threads it may have are numerical libraries' idle pools, as a spawned server that
+    imported them has too: OpenBLAS's, which shuts itself down for a fork, and OpenMP's,
+    which the children, one op thread each, never use."""
+    return threading.active_count() == 1
+
+
+@contextlib.contextmanager
+def server_forked_from_here(allowed: bool) -> Iterator[None]:
+    """Meanwhile, a fork server that multiprocessing starts is this process forked, not a
+    new interpreter that imports torch and the preloaded modules again (~1.8 s of CPU):
+    where ``allowed``, on Linux, while this process runs no other Python thread.
+    multiprocessing still starts the server and talks to it; only how its process begins
+    changes (``spawnv_passfds``, which it calls for that)."""
+    spawn = multiprocessing.util.spawnv_passfds
+    if not (allowed and sys.platform.startswith("linux") and only_thread()):
+        yield
+        return
+    multiprocessing.resource_tracker.ensure_running()  # spawned as before, not forked
+
+    def fork_or_spawn(path: str, args: list[str], passfds: Collection[int]) -> int:
+        command = args[-1] if len(args) > 2 and args[-2] == "-c" else ""
+        if not command.startswith(FORK_SERVER_COMMAND) or not only_thread():
+            return spawn(path, args, passfds)
+        for stream in (sys.stdout, sys.stderr):  # or the server would write them again
+            if stream is not None:
+                stream.flush()
+        with warnings.catch_warnings():  # Python 3.12+ counts the native pools above
+            warnings.filterwarnings("ignore", "This process .* is multi-threaded")
+            pid = os.fork()
+        if pid == 0:
+            serve_forked(command, passfds)  # never returns
+        return pid
+
+    multiprocessing.util.spawnv_passfds = fork_or_spawn
+    try:
+        yield
+    finally:
+        multiprocessing.util.spawnv_passfds = spawn
+
+
+def serve_forked(command: str, passfds: Collection[int]) -> None:
+    """In the forked server: becomes what the spawned one starts as, then serves (the
+    stdlib's ``main``, run by ``command``) until the parent is gone, and exits."""
+    status = 1
+    try:
+        # A spawned server starts with no signal blocked, the stop signals ignored.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        close_pipe_ends_beside(passfds)  # the parent's end of the pipe that says it lives
+        for handler in list(log.handlers):  # as in a new interpreter: the run's are the run's
+            log.removeHandler(handler)
+        log.setLevel(logging.NOTSET)
+        log.propagate = True
+        exec(command, {})  # raises SystemExit once the parent's end of that pipe closes
+    except SystemExit:
+        status = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(status)
+
+
+def close_pipe_ends_beside(passfds: Collection[int]) -> None:
+    """Closes each descriptor, other than ``passfds``, that is an end of a pipe one of
+    ``passfds`` is an end of: a spawned server never had those, and a pipe it reads for
+    EOF (the parent's life) would never see it while it held the writing end."""
+    pipes = set()
+    for fd in passfds:
+        status = os.fstat(fd)
+        if stat.S_ISFIFO(status.st_mode):
+            pipes.add((status.st_dev, status.st_ino))
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd in passfds:
+            continue
+        try:
+            status = os.fstat(fd)
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+        if stat.S_ISFIFO(status.st_mode) and (status.st_dev, status.st_ino) in pipes:
+            os.close(fd)
 
 
 def starting_child(context: mp.context.BaseContext) -> contextlib.AbstractContextManager:
