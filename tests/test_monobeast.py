@@ -291,10 +291,11 @@ def test_sigterm_saves_a_checkpoint_and_leaves_no_process(tmp_path):
     wait_for(lambda: not any(alive(pid) for pid in actors), 10, "actors to exit")
 
 
-def ignored_signals(pid: int) -> set[int]:
-    """The signals that process ``pid`` ignores, from /proc."""
+def signals_of(pid: int, which: str) -> set[int]:
+    """The signals that process ``pid`` ignores (``which`` "SigIgn") or blocks ("SigBlk"),
+    from /proc."""
     with open(f"/proc/{pid}/status") as f:
-        (mask,) = [line.split()[1] for line in f if line.startswith("SigIgn:")]
+        (mask,) = [line.split()[1] for line in f if line.startswith(f"{which}:")]
     return {number for number in range(1, 65) if int(mask, 16) >> (number - 1) & 1}
 
 
@@ -311,7 +312,7 @@ def test_actors_fork_from_a_server_that_imported_torch_and_goes_with_the_run(tmp
         with open(f"/proc/{server}/maps") as f:
             assert "libtorch_cpu" in f.read()  # the actors fork with torch imported
         # A stop signal to the process group is the learner's to act on, never the server's.
-        assert {signal.SIGINT, signal.SIGTERM} <= ignored_signals(server)
+        assert {signal.SIGINT, signal.SIGTERM} <= signals_of(server, "SigIgn")
         victim = children_of(server)[0]
         os.kill(victim, signal.SIGKILL)  # its replacement forks from the server too
         wait_for(lambda: len(children_of(server)) == 2 and victim not in children_of(server),
@@ -323,13 +324,6 @@ def test_actors_fork_from_a_server_that_imported_torch_and_goes_with_the_run(tmp
     wait_for(lambda: not alive(server), 10, "the fork server to exit with the run")
 
 
-def blocked_signals(pid: int) -> set[int]:
-    """The signals that process ``pid`` blocks, from /proc."""
-    with open(f"/proc/{pid}/status") as f:
-        (mask,) = [line.split()[1] for line in f if line.startswith("SigBlk:")]
-    return {number for number in range(1, 65) if int(mask, 16) >> (number - 1) & 1}
-
-
 def test_the_fork_server_is_the_run_forked_and_a_run_killed_outright_takes_it_along(tmp_path):
     # The server was a new interpreter that imported torch again: ~1.8 s of CPU a run.
     process = start_monobeast(tmp_path, *SMALL_RUN, "--total_steps", "10000000", "--xpid", "r")
@@ -339,7 +333,7 @@ def test_the_fork_server_is_the_run_forked_and_a_run_killed_outright_takes_it_al
         assert server is not None
         assert cmdline_of(server) == cmdline_of(process.pid)  # forked, never exec'd
         assert "forkserver" not in cmdline_of(server)
-        assert not {signal.SIGINT, signal.SIGTERM} & blocked_signals(server)  # as if spawned
+        assert not {signal.SIGINT, signal.SIGTERM} & signals_of(server, "SigBlk")  # as if spawned
         actors = children_of(server)
         assert len(actors) == 2
     finally:
