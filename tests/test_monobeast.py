@@ -336,6 +336,10 @@ def test_the_fork_server_is_the_run_forked_and_a_run_killed_outright_takes_it_al
         assert not {signal.SIGINT, signal.SIGTERM} & signals_of(server, "SigBlk")  # as if spawned
         actors = children_of(server)
         assert len(actors) == 2
+        # Nothing of the run's is held open by them: its lock file stayed locked by them.
+        for pid in (server, *actors):
+            held = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            assert not [path for path in held if path.startswith(str(tmp_path))], held
     finally:
         process.kill()  # no handler runs: only the pipe that says the run lives closes
         process.wait(timeout=60)

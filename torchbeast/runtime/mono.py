@@ -81,10 +81,11 @@ def groups_line(envs_per_actor: int, env_groups: int) -> str:
 
 def actor_context() -> mp.context.BaseContext:
     """Where actors and the inference process start: forked from a server that imported
-    torch and their modules once (started by the first call: this process forked, unless
-    it holds a CUDA context, which no forked child could use)."""
+    torch and their modules once (started by the first call: this process forked, where
+    CUDA is not at hand; once a process has started CUDA's driver, which counting the GPUs
+    does, no child forked from it can use CUDA)."""
     preload = ["torchbeast.runtime.mono_actor", "torchbeast.envs"]
-    return forked_children(preload, fork_here=not torch.cuda.is_initialized())
+    return forked_children(preload, fork_here=not torch.cuda.is_available())
 
 
 class ActorPool(Pool):

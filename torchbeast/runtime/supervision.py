@@ -17,7 +17,6 @@ import multiprocessing.resource_tracker
 import multiprocessing.util
 import os
 import signal
-import stat
 import sys
 import threading
 import time
@@ -259,7 +258,7 @@ def forked_children(preload: Iterable[str], fork_here: bool = True) -> mp.contex
     SIGINT and SIGTERM, as its children do until they set their own handlers: a stop signal
     to the process group while a child starts is no traceback from it, and the server ends
     only with this process. With ``fork_here`` (the caller's word that its state may be
-    forked: e.g. no CUDA context) the server is this process forked, where that is safe
+    forked: e.g. CUDA never started) the server is this process forked, where that is safe
     (``server_forked_from_here``). Spawn's context where the server cannot start (its
     socket needs a writable temporary folder)."""
     context = mp.get_context("forkserver")
@@ -329,7 +328,7 @@ def serve_forked(command: str, passfds: Collection[int]) -> None:
     try:
         # A spawned server starts with no signal blocked, the stop signals ignored.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-        close_pipe_ends_beside(passfds)  # the parent's end of the pipe that says it lives
+        detach_descriptors(passfds)
         for handler in list(log.handlers):  # as in a new interpreter: the run's are the run's
             log.removeHandler(handler)
         log.setLevel(logging.NOTSET)
@@ -343,25 +342,26 @@ def serve_forked(command: str, passfds: Collection[int]) -> None:
         os._exit(status)
 
 
-def close_pipe_ends_beside(passfds: Collection[int]) -> None:
-    """Closes each descriptor, other than ``passfds``, that is an end of a pipe one of
-    ``passfds`` is an end of: a spawned server never had those, and a pipe it reads for
-    EOF (the parent's life) would never see it while it held the writing end."""
-    pipes = set()
-    for fd in passfds:
-        status = os.fstat(fd)
-        if stat.S_ISFIFO(status.st_mode):
-            pipes.add((status.st_dev, status.st_ino))
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd in passfds:
-            continue
-        try:
-            status = os.fstat(fd)
-        except OSError:  # the listing's own descriptor, closed by now
-            continue
-        if stat.S_ISFIFO(status.st_mode) and (status.st_dev, status.st_ino) in pipes:
-            os.close(fd)
+def detach_descriptors(passfds: Collection[int]) -> None:
+    """Points each descriptor but stdin, stdout, stderr and ``passfds`` at /dev/null, as a
+    spawned server has none of them: the run's lock file stays locked only while the run
+    lives, and the pipe the server reads for EOF (the parent's life) is one whose writing
+    end it does not hold. Pointed, not closed: an object of the run's that holds one (a log
+    file) can still write or close it, into nothing, and never into a file opened since."""
+    kept = {0, 1, 2, *passfds}
+    inherited = [int(name) for name in os.listdir("/proc/self/fd") if int(name) not in kept]
+    nothing = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in inherited:
+            if fd == nothing:
+                continue
+            try:
+                os.fstat(fd)
+            except OSError:  # the listing's own, closed by now
+                continue
+            os.dup2(nothing, fd)
+    finally:
+        os.close(nothing)
 
 
 def starting_child(context: mp.context.BaseContext) -> contextlib.AbstractContextManager:
