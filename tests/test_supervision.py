@@ -115,7 +115,8 @@ if __name__ == "__main__":  # the spawned server runs this file again
 
 def test_the_fork_server_is_this_process_forked_only_where_that_is_safe_and_allowed(tmp_path):
     # Forking a process that runs another Python thread may copy a lock that thread holds
-    # (the import lock, a handler's), and a forked CUDA context is of no use to a child.
+    # (the import lock, a handler's), and no child forked from a process that started
+    # CUDA's driver can use CUDA.
     script = tmp_path / "fork_server_of.py"
     script.write_text(FORK_SERVER_OF)
     for how, server in [("alone", "forked"), ("beside a thread", "spawned"),

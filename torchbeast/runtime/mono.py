@@ -80,10 +80,10 @@ def groups_line(envs_per_actor: int, env_groups: int) -> str:
 
 
 def actor_context() -> mp.context.BaseContext:
-    """Where actors and the inference process start: forked from a server that imported
-    torch and their modules once (started by the first call: this process forked, where
-    CUDA is not at hand; once a process has started CUDA's driver, which counting the GPUs
-    does, no child forked from it can use CUDA)."""
+    """Where actors and the inference process start: forked from one server that has
+    torch and their modules imported, started by the first call. The server is this
+    process forked where CUDA is not at hand: no child forked from a process that started
+    CUDA's driver (which counting the GPUs does) can use CUDA."""
     preload = ["torchbeast.runtime.mono_actor", "torchbeast.envs"]
     return forked_children(preload, fork_here=not torch.cuda.is_available())
 

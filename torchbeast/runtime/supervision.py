@@ -302,7 +302,7 @@ def server_forked_from_here(allowed: bool) -> Iterator[None]:
 
     def fork_or_spawn(path: str, args: list[str], passfds: Collection[int]) -> int:
         command = args[-1] if len(args) > 2 and args[-2] == "-c" else ""
-        if not command.startswith(FORK_SERVER_COMMAND) or not only_thread():
+        if not command.startswith(FORK_SERVER_COMMAND):  # the resource tracker's, say
             return spawn(path, args, passfds)
         for stream in (sys.stdout, sys.stderr):  # or the server would write them again
             if stream is not None:
