@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import tempfile
 
 import pytest
 import torch
 
-from tests.test_polybeast import REPO
+from tests import warm_start
 from torchbeast.bench import (
     actor_time_shares,
     bound_by,
@@ -33,7 +32,7 @@ SMALL += ["--warmup_steps", "500", "--bench_steps", "2000"]
 @pytest.mark.parametrize("runtime", ["mono", "poly"])  # ray: tests/test_raybeast.py
 def test_bench_prints_sps_and_stage_costs(runtime):
     command = [sys.executable, "-m", "torchbeast.bench", "--runtime", runtime, *SMALL]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = warm_start.run(command, timeout=300)
     assert result.returncode == 0, result.stderr
     sps = re.search(r"steady-state SPS: ([0-9.]+)\s+\(([0-9]+) steps", result.stdout)
     assert sps is not None, result.stdout
@@ -64,7 +63,7 @@ def test_bench_defaults_measure_the_data_path_with_one_step_per_batch():
 def test_bench_writes_its_figures_as_json(tmp_path):
     path = tmp_path / "bench.json"
     command = [sys.executable, "-m", "torchbeast.bench", *SMALL, "--json", str(path)]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = warm_start.run(command, timeout=300)
     assert result.returncode == 0, result.stderr
     figures = json.loads(path.read_text())
     printed = re.search(r"steady-state SPS: ([0-9.]+)", result.stdout)
@@ -160,7 +159,7 @@ def test_bench_reports_what_the_central_inference_server_did(tmp_path):
     path = tmp_path / "bench.json"
     command = [sys.executable, "-m", "torchbeast.bench", *SMALL, "--central_inference"]
     command += ["--json", str(path)]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = warm_start.run(command, timeout=300)
     assert result.returncode == 0, result.stderr
     line = re.search(
         r"central inference: busy ([0-9]+)% of the time, ([0-9.]+) cores of CPU, ([0-9.]+) "
@@ -213,7 +212,7 @@ def test_bench_says_when_it_measured_sampling_alone(runtime, tmp_path):
     path = tmp_path / "bench.json"
     command = [sys.executable, "-m", "torchbeast.bench", "--runtime", runtime, *SMALL]
     command += ["--sampling_only", "--json", str(path)]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = warm_start.run(command, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "sampling alone (--sampling_only): each batch dropped as it filled, no update" in (
         result.stdout
@@ -226,7 +225,7 @@ def test_bench_says_when_it_measured_sampling_alone(runtime, tmp_path):
 def test_sampling_alone_says_in_one_line_why_the_actors_stopped(tmp_path):
     command = [sys.executable, "-m", "torchbeast.bench", *SMALL, "--sampling_only"]
     command += ["--env", "tests.envs_for_tests:SelfKilling-v0", "--num_actors", "1"]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = warm_start.run(command, timeout=300)
     assert result.returncode == 1, result.stdout + result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "actors keep dying" in last, result.stderr

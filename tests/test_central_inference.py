@@ -6,7 +6,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import subprocess
 import sys
 import threading
 
@@ -14,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests import warm_start
 from tests.test_monobeast import (
-    REPO,
     SMALL_RUN,
     actor_pids,
     alive,
@@ -293,7 +292,7 @@ def test_an_lstm_trains_with_central_inference(tmp_path):
 def test_central_inference_belongs_to_monobeast(runtime):
     command = [sys.executable, "-m", "torchbeast.bench", "--runtime", runtime]
     command.append("--central_inference")
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    result = warm_start.run(command, timeout=60)
     assert result.returncode == 2
     assert "--central_inference is MonoBeast's" in result.stderr.strip().splitlines()[-1]
 

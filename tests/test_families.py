@@ -13,6 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from tests import warm_start
 from tests.test_monobeast import REPO, monobeast, read_rows
 from torchbeast.config.flags import parse_flags, parse_flags_and_sources
 from torchbeast.config.parsers import make_learner_parser, make_mono_parser
@@ -226,9 +227,9 @@ def test_flags_take_the_dashed_spelling_too():
 
 
 def test_help_groups_the_flags_and_says_each_default_once():
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.monobeast", "--help"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        timeout=60,
     )  # fmt: skip
     assert result.returncode == 0
     for group in ("Run:", "Model:", "Loss:", "Optimizer:", "Atari environments:"):
@@ -398,9 +399,9 @@ def plugin_path(tmp_path):
 
 def run_with(plugin_path: str, module: str, *args: str, timeout: float = 180):
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([plugin_path, REPO])}
-    return subprocess.run(
+    return warm_start.run(
         [sys.executable, "-m", module, *args],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout, env=environment,
+        timeout=timeout, env=environment,
     )  # fmt: skip
 
 

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests import warm_start
 from tests.test_monobeast import alive, children_of, wait_for
 from torchbeast import learncheck
 from torchbeast.config.flags import parse_flags
@@ -89,7 +90,7 @@ def check_learned(run_dir: str) -> None:
 
 def run(module: str, tmp_path, *args: str, timeout: float = 300) -> str:
     command = [sys.executable, "-m", module, *RUN, "--savedir", str(tmp_path), *args]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    result = warm_start.run(command, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return os.path.join(tmp_path, "run")
 

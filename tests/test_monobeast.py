@@ -14,6 +14,8 @@ import time
 import pytest
 import torch
 
+from tests import warm_start
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A run a signal stopped before its end exits as the signal ended it, so that a scheduler
 # restarts it (and the same command resumes it).
@@ -36,7 +38,7 @@ SMALL_RUN = [
 
 def monobeast(tmp_path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torchbeast.monobeast", "--savedir", str(tmp_path), *args]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return warm_start.run(command, timeout=timeout)
 
 
 def start_monobeast(tmp_path, *args: str) -> subprocess.Popen:
@@ -353,7 +355,7 @@ def test_where_no_fork_server_can_start_the_actors_are_spawned_and_it_is_said(tm
     command = [sys.executable, "-m", "torchbeast.monobeast", "--savedir", str(tmp_path)]
     command += [*SMALL_RUN, "--total_steps", "400", "--xpid", "r"]
     env = {**os.environ, "TMPDIR": str(long_tmpdir)}
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=180)
+    result = warm_start.run(command, env=env, timeout=180)
     assert result.returncode == 0, result.stderr
     assert "Children are spawned, each importing torch anew: no fork server could start " in (
         result.stdout

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
-from tests.test_monobeast import REPO, assert_one_error_line, monobeast, read_rows
+from tests import warm_start
+from tests.test_monobeast import assert_one_error_line, monobeast, read_rows
 
 TRAIN = ["--env", "CartPole-v1", "--num_actors", "1", "--envs_per_actor", "2"]
 TRAIN += ["--batch_size", "2", "--unroll_length", "20", "--disable_cuda"]
@@ -44,10 +44,10 @@ def test_a_video_that_cannot_be_written_is_refused_before_any_game(tmp_path):
 
 def test_test_render_without_a_display_says_so_and_what_to_use(tmp_path):
     environment = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
-    played = subprocess.run(  # it played every game in no window, and exited 0
+    played = warm_start.run(  # it played every game in no window, and exited 0
         [sys.executable, "-m", "torchbeast.monobeast", "--mode", "test_render", "--random_policy",
          "--env", "CartPole-v1", "--savedir", str(tmp_path), "--xpid", "a"],
-        cwd=REPO, capture_output=True, text=True, timeout=60, env=environment,
+        timeout=60, env=environment,
     )  # fmt: skip
     assert played.returncode == 2
     assert "--mode test_render opens a window, and this machine has no display" in played.stderr

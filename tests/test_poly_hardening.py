@@ -25,13 +25,13 @@ import numpy as np
 import pytest
 import torch
 
+from tests import warm_start
 from tests.conftest import kill_groups, spawn
 from tests.test_monobeast import read_rows
 from tests.test_polybeast import (
     CARTPOLE,
     ENV,
     LEARNER,
-    REPO,
     bad_stream,
     env_hello,
     logged_steps,
@@ -293,10 +293,10 @@ def test_idle_streams_are_closed_and_free_their_slot(tmp_path, processes, socket
 
 
 def test_an_unknown_env_stops_the_serving_learner_at_once_with_one_line(tmp_path, sockets):
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast_learner", "--env", "NoSuchEnv-v0",
          "--serve", f"unix:{sockets}/learner", "--savedir", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        timeout=60,
     )  # fmt: skip
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
@@ -306,10 +306,10 @@ def test_an_unknown_env_stops_the_serving_learner_at_once_with_one_line(tmp_path
 def test_an_unwritable_savedir_stops_the_learner_before_any_client(tmp_path, sockets):
     blocker = tmp_path / "a-file"  # a --savedir below a file cannot be made, even by root
     blocker.write_text("")
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast_learner", *LEARNER,
          "--serve", f"unix:{sockets}/learner", "--savedir", str(blocker / "runs")],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        timeout=60,
     )  # fmt: skip
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests import warm_start
 from tests.test_monobeast import STOPPED_BY_SIGTERM, actor_pids, processes_in_group, read_rows
 from tests.test_riverraid import assert_fuel_proxy_logged, steer_right
 from torchbeast import envs
@@ -99,12 +100,12 @@ def test_polybeast_trains_over_unix_sockets_and_stops_its_env_servers(tmp_path, 
 
 
 def test_polybeast_trains_an_lstm_on_streams_of_several_envs(tmp_path, sockets):
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast", *LEARNER, "--use_lstm",
          "--num_actors", "2", "--num_servers", "2", "--envs_per_actor", "3",
          "--pipes_basename", f"unix:{sockets}/env", "--total_steps", "600",
          "--savedir", str(tmp_path), "--xpid", "run"],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
+        timeout=180,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert logged_steps(tmp_path / "run")[-1] >= 600
@@ -120,22 +121,22 @@ def test_riverraid_proxy_is_computed_by_the_env_servers_and_logged_by_the_learne
     # The fuel proxy: a proxy that pays nothing for waiting at the start, which the game
     # allows forever (a survival or deviate proxy soon teaches the agent to wait there).
     proxy = ["--fuel_multiplier", "2", "--true_move_penalty", "2"]
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast", "--env", "RiverraidNoFrameskip-v4",
          "--batch_size", "2", "--unroll_length", "40", "--hidden_size", "64", "--disable_cuda",
          "--num_actors", "2", "--num_servers", "1", "--envs_per_actor", "2", *proxy,
          "--pipes_basename", f"unix:{sockets}/env", "--total_steps", "6000",
          "--savedir", str(tmp_path), "--xpid", "run"],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
+        timeout=180,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert_fuel_proxy_logged(tmp_path / "run", fuel_multiplier=2)
     # Eval plays on the checkpoint's env: the learner was told none.
     steer_right(tmp_path / "run" / "model.tar")
-    evaluated = subprocess.run(
+    evaluated = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast_learner", "--mode", "eval", "--savedir",
          str(tmp_path), "--xpid", "run", "--num_episodes", "1", *proxy],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
+        timeout=180,
     )  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr
     assert "RiverraidNoFrameskip-v4" in (tmp_path / "run" / "eval.json").read_text()
@@ -150,11 +151,11 @@ def test_a_learner_told_no_env_says_which_presets_of_its_env_it_goes_without(
         "torchbeast.polybeast_env", "--env", "MinAtar/Breakout-v1", "--num_servers", "1",
         "--pipes_basename", f"unix:{sockets}/minatar", log=tmp_path / "env.log",
     )  # fmt: skip
-    learner = subprocess.run(
+    learner = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast_learner", *LEARNER[2:], "--entropy_cost",
          "0.02", "--env_servers", f"unix:{sockets}/minatar.0", "--total_steps", "100",
          "--savedir", str(tmp_path), "--xpid", "run"],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
+        timeout=180,
     )  # fmt: skip
     assert learner.returncode == 0, learner.stderr
     assert (
@@ -215,12 +216,12 @@ def test_a_learner_told_no_env_records_its_env_servers_proxy_and_refuses_another
 
 
 def test_an_envs_episode_extras_cross_the_wire_and_reach_logs_csv(tmp_path, sockets):
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast", *LEARNER[2:],
          "--env", "tests.envs_for_tests:Coins-v0", "--num_actors", "2", "--num_servers", "1",
          "--pipes_basename", f"unix:{sockets}/env", "--total_steps", "800",
          "--savedir", str(tmp_path), "--xpid", "run"],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
+        timeout=180,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     # Episodes of 10 steps, 2 coins a step, summed where the env runs.
@@ -232,10 +233,10 @@ def test_learner_dials_env_servers_over_tcp(tmp_path, processes):
     servers = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
     env_log = tmp_path / "env.log"
     env = processes("torchbeast.polybeast_env", *ENV, "--env_servers", servers, log=env_log)
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast_learner", *LEARNER, "--env_servers", servers,
          "--num_actors", "4", "--total_steps", "300", "--savedir", str(tmp_path), "--xpid", "r"],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
+        timeout=180,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert logged_steps(tmp_path / "r")[-1] >= 300
@@ -256,10 +257,10 @@ def test_a_learner_dialling_another_learner_says_it_is_no_env_server(tmp_path, p
         str(tmp_path / "listening"), log=tmp_path / "listening.log",
     )  # fmt: skip
     wait_for(lambda: os.path.exists(f"{sockets}/learner"), 60, "the learner to listen")
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast_learner", *LEARNER, "--env_servers", address,
          "--num_actors", "1", "--savedir", str(tmp_path), "--xpid", "r"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        timeout=120,
     )  # fmt: skip
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
@@ -375,7 +376,7 @@ def test_an_environment_that_raises_stops_polybeast_with_one_line(tmp_path, sock
         command += ["--serve", f"unix:{sockets}/learner", "--num_servers", "1"]
     else:
         command += ["--num_servers", "2", "--pipes_basename", f"unix:{sockets}/env"]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = warm_start.run(command, timeout=120)
     assert result.returncode == 1, result.stdout[-3000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "RuntimeError" in lines[0], lines
@@ -553,7 +554,7 @@ def test_an_absurd_learning_rate_stops_the_run_and_broken_weights_are_never_save
     command += ["--savedir", str(tmp_path), "--xpid", "run", "--checkpoint_interval", "0.2"]
     if entry_point == "polybeast":
         command += ["--num_servers", "1", "--pipes_basename", f"unix:{sockets}/env"]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
+    result = warm_start.run(command, timeout=180)
     assert result.returncode == 1, result.stdout[-3000:]
     # (The env servers' own log lines go to stderr: the error is the one line besides.)
     lines = [line for line in result.stderr.strip().splitlines() if "[INFO:" not in line]
@@ -620,9 +621,7 @@ def test_tls_files_that_are_missing_or_not_pem_are_one_line_at_either_end(tmp_pa
           "--savedir", str(tmp_path), "--xpid", "r"], "dials it: give --tls_ca too"),
     ]  # fmt: skip
     for command, fragment in cases:
-        result = subprocess.run(
-            [sys.executable, "-m", *command], cwd=REPO, capture_output=True, text=True, timeout=60
-        )
+        result = warm_start.run([sys.executable, "-m", *command], timeout=60)
         assert result.returncode == 1, result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and fragment in lines[0], result.stderr
@@ -652,9 +651,9 @@ def test_tls_files_that_are_pem_but_not_a_pair_or_not_readable_are_one_line(tmp_
         "unencrypted private key (KEY_VALUES_MISMATCH): give the pair that was made together",
     )
     dial = ["torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1"]
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", *dial, "--tls_ca", str(garbled)],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        timeout=60,
     )  # fmt: skip
     assert result.returncode == 1, result.stderr
     (line,) = result.stderr.strip().splitlines()
@@ -672,9 +671,9 @@ def test_tls_files_that_are_pem_but_not_a_pair_or_not_readable_are_one_line(tmp_
 )  # fmt: skip
 def test_an_env_flag_of_the_other_mode_is_refused(flags, said):
     # Each was ignored without a word: servers given --clients_per_process 3 served as one.
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast_env", *ENV, *flags],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        timeout=60,
     )  # fmt: skip
     assert result.returncode == 2
     assert said in result.stderr.strip().splitlines()[-1]
@@ -683,9 +682,9 @@ def test_an_env_flag_of_the_other_mode_is_refused(flags, said):
 def assert_each_says(commands: list[list[str]], line: str) -> None:
     """Each ``python -m`` command fails with exit code 1 and ``line`` alone on stderr."""
     for command in commands:
-        result = subprocess.run(
+        result = warm_start.run(
             [sys.executable, "-m", *command],
-            cwd=REPO, capture_output=True, text=True, timeout=60,
+            timeout=60,
         )  # fmt: skip
         assert result.returncode == 1, result.stderr
         assert result.stderr.strip().splitlines() == [line], command
@@ -749,9 +748,9 @@ def test_a_unix_socket_path_is_checked_before_grpc_would_remove_what_is_there(so
 
 def test_a_unix_socket_path_too_long_for_the_os_is_refused_as_a_flag(tmp_path):
     path = "/tmp/" + "a" * 110
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast_env", *ENV, "--connect", f"unix:{path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        timeout=60,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert "has a socket path of 115 bytes, more than the 107 a Unix socket takes" in (
@@ -862,10 +861,10 @@ def test_a_learner_told_its_env_refuses_streams_of_envs_made_with_other_reward_f
 
 
 def test_a_learner_listening_beyond_this_machine_needs_a_token(tmp_path):
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast_learner", *LEARNER, "--serve",
          f"0.0.0.0:{free_port()}", "--savedir", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        timeout=60,
         env={k: v for k, v in os.environ.items() if k != "TORCHBEAST_AUTH_TOKEN"},
     )  # fmt: skip
     assert result.returncode == 1
@@ -899,10 +898,10 @@ def test_a_learner_without_the_env_servers_token_stops_with_one_line(tmp_path, p
         "torchbeast.polybeast_env", *ENV, *address, log=tmp_path / "env.log",
         env={"TORCHBEAST_AUTH_TOKEN": "s3cret"},
     )  # fmt: skip
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast_learner", *LEARNER, *address,
          "--num_actors", "1", "--savedir", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        timeout=120,
         env={k: v for k, v in os.environ.items() if k != "TORCHBEAST_AUTH_TOKEN"},
     )  # fmt: skip
     assert result.returncode == 1
@@ -916,10 +915,10 @@ def test_a_learner_for_another_env_than_its_servers_stops_with_one_line(
 ):
     address = ["--num_servers", "1", "--pipes_basename", f"unix:{sockets}/env"]
     processes("torchbeast.polybeast_env", *ENV, *address, log=tmp_path / "env.log")
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast_learner", *LEARNER, "--env",
          "PongNoFrameskip-v4", *address, "--num_actors", "1", "--savedir", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        timeout=120,
     )  # fmt: skip
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
@@ -1060,10 +1059,10 @@ def test_test_mode_plays_the_env_the_learner_was_trained_on(tmp_path, processes,
         log=tmp_path / "client.log",
     )  # fmt: skip
     assert learner.wait(timeout=120) == 0, text(tmp_path / "learner.log")
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast_learner", "--mode", "test", "--xpid", "r",
          "--savedir", str(tmp_path), "--num_episodes", "2"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "Average returns over 2 episodes" in result.stderr + result.stdout

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import gymnasium as gym
@@ -11,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.test_monobeast import REPO, assert_one_error_line, monobeast, read_rows
+from tests import warm_start
+from tests.test_monobeast import assert_one_error_line, monobeast, read_rows
 from torchbeast.config.env import env_settings
 from torchbeast.config.flags import parse_flags
 from torchbeast.config.parsers import make_learner_parser
@@ -524,21 +524,21 @@ def test_proxy_flags_that_do_not_apply_to_the_env_played_are_refused_without_a_w
 def test_eval_of_a_file_that_is_no_torchbeast_checkpoint_is_one_clear_error(tmp_path):
     (tmp_path / "r").mkdir()
     torch.save({"model_state_dict": {}}, tmp_path / "r" / "model.tar")
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast_learner", "--mode", "eval",
          "--savedir", str(tmp_path), "--xpid", "r"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        timeout=60,
     )  # fmt: skip
     assert_one_error_line(result, "is not a torchbeast checkpoint (no env)")
 
 
 def test_a_random_policy_is_evaluated_with_the_proxy_and_the_true_return(tmp_path):
     """No checkpoint needed with --env: the level a study marks in its figures."""
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.monobeast", "--mode", "eval", "--random_policy",
          "--env", "RiverraidNoFrameskip-v4", "--fuel_multiplier", "0", "--num_episodes", "2",
          "--seed", "3", "--savedir", str(tmp_path), "--xpid", "random"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "random" / "eval.json").exists()  # a trained run's eval stays
@@ -551,9 +551,9 @@ def test_a_random_policy_is_evaluated_with_the_proxy_and_the_true_return(tmp_pat
 
 
 def test_a_random_policy_without_a_checkpoint_or_an_env_is_one_line(tmp_path):
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", "torchbeast.polybeast_learner", "--mode", "eval",
          "--random_policy", "--savedir", str(tmp_path), "--xpid", "r"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        timeout=60,
     )  # fmt: skip
     assert_one_error_line(result, "no checkpoint at")

@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from tests import warm_start
 from tests.test_polybeast import REPO
 from torchbeast.config.parsers import make_mono_parser
 from torchbeast.config.resolvers import default_layout
@@ -30,7 +31,7 @@ def test_scaling_prints_one_row_per_layout_with_the_training_recipe(tmp_path):
     path = tmp_path / "rows.json"
     command = [sys.executable, "-m", "torchbeast.scaling", "--layouts", "1x2", "2x4", *SMALL]
     command += ["--devices", "cpu", "--json", str(path)]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = warm_start.run(command, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     main_table, actor_times = result.stdout.split("\n\n")  # two tables
     rows = [line for line in main_table.splitlines() if re.match(r"\| [0-9]+ x ", line)]
@@ -109,7 +110,7 @@ def test_a_layout_is_actors_x_envs():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_asking_for_cuda_without_it_is_one_clear_error():
     command = [sys.executable, "-m", "torchbeast.scaling", "--devices", "cuda", *SMALL]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = warm_start.run(command, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: --devices cuda, but PyTorch sees no CUDA device: use --devices cpu"
@@ -119,7 +120,7 @@ def test_asking_for_cuda_without_it_is_one_clear_error():
 def test_a_layout_flag_is_refused_for_the_rows_set_their_own():
     # The header said every row ran with --num_actors 7; the rows ran their layouts.
     command = [sys.executable, "-m", "torchbeast.scaling", *SMALL, "--num_actors", "7"]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = warm_start.run(command, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: --num_actors is each row's own: give the rows with --layouts ACTORSxENVS,... "
@@ -134,7 +135,7 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_measuring(tmp_path
         (tmp_path, "is a folder"),
     ]:
         command = [sys.executable, "-m", f"torchbeast.{entry_point}", *SMALL, "--json", str(path)]
-        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+        result = warm_start.run(command, timeout=120)
         assert result.returncode == 2, result.stdout[-2000:]
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: --json") and said in lines[0]

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import pytest
 
+from tests import warm_start
 from torchbeast.core.settings import flag
 
 PACKAGE = Path(__file__).resolve().parent.parent / "torchbeast"
@@ -150,9 +151,9 @@ def test_a_new_runtime_is_its_functions_and_one_registry_entry(monkeypatch):
 @pytest.mark.parametrize("tool", ["lightlog", "scaling", "learncheck", "study", "study_plot"])
 def test_every_tools_usage_error_is_one_line(tool):
     # Not argparse's usage block and error: one line, the problem and where to look.
-    result = subprocess.run(
+    result = warm_start.run(
         [sys.executable, "-m", f"torchbeast.{tool}", "--no_such_flag"],
-        capture_output=True, text=True, timeout=60,
+        timeout=60,
     )  # fmt: skip
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from tests import warm_start
 from tests.test_monobeast import REPO, wait_for
 
 SMALL = """
@@ -103,11 +104,8 @@ def test_a_study_trains_evaluates_and_tabulates_every_cell_once(tmp_path):
     spec = json.loads((tmp_path / "runs" / "grid" / "study.json").read_text())
     assert [cell["cell"] for cell in spec["cells"]] == ["hidden_size-16", "hidden_size-32"]
     # Its figures: the capacity figure and one learning-curve panel per cell.
-    drawn = subprocess.run(
+    drawn = warm_start.run(
         [sys.executable, "-m", "torchbeast.study_plot", str(tmp_path / "runs" / "grid")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert drawn.returncode == 0, drawn.stderr
@@ -319,9 +317,9 @@ def test_polybeast_cells_side_by_side_serve_their_envs_apart(tmp_path):
     edit_study(path, 'runtime = "mono"', 'runtime = "poly"')
     edit_study(path, "total_steps = 800", "total_steps = 400")
     # Both served on unix:/tmp/polybeast.N and dialled each other's env servers.
-    done = subprocess.run(
+    done = warm_start.run(
         [sys.executable, "-m", "torchbeast.study", path, "--parallel", "2"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     rows = table(tmp_path)
@@ -409,9 +407,9 @@ def test_a_study_on_a_two_node_ray_cluster_runs_cells_on_both_nodes(tmp_path):
         assert address, "the cluster did not start"
         # A cell no node could hold is refused, where Ray would queue it forever.
         too_big = write_study(tmp_path, "seed = [1]\n[resources]\ncpus = 2", name="big")
-        refused = subprocess.run(
+        refused = warm_start.run(
             [sys.executable, "-m", "torchbeast.study", too_big, "--ray_address", address],
-            cwd=REPO, capture_output=True, text=True, timeout=120, env=environment,
+            timeout=120, env=environment,
         )  # fmt: skip
         assert refused.returncode == 1
         assert refused.stderr.strip().splitlines()[-1] == (
@@ -421,9 +419,7 @@ def test_a_study_on_a_two_node_ray_cluster_runs_cells_on_both_nodes(tmp_path):
         path = write_study(tmp_path, "seed = [1, 2, 3, 4]\n[resources]\ncpus = 1")
         command = [sys.executable, "-m", "torchbeast.study", path]
         command += ["--ray_address", address, "--files", "copy"]
-        done = subprocess.run(
-            command, cwd=REPO, capture_output=True, text=True, timeout=600, env=environment
-        )
+        done = warm_start.run(command, timeout=600, env=environment)
     finally:
         cluster.stdin.close()
         cluster.wait(timeout=120)

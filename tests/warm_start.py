@@ -1,0 +1,250 @@
+"""``python -m MODULE ARGS`` for the tests, without paying for the imports each time.
+
+A command of this project spends some 3 s of CPU importing torch (and ``torch._dynamo``,
+which ``torch.optim`` imports as the optimizer is built) before it does anything, and the
+suite runs a few hundred of them. So each pytest worker starts one server (this module run
+as a script) that imports those once. For each command the server forks a child, which
+takes the command's argument list, working folder, environment and standard streams, and
+then runs the module as ``python -m`` does (``runpy``), ending as the command ends: its exit
+status, output, files and children are the command's own.
+
+What differs from a cold start: the modules the server imported are not imported again, and
+every child shares the server's hash seed. The server refuses to start if those imports
+print anything, which a cold start would print to the command's own stderr. Tests of how a
+command starts, or that signal it or look at its processes while it runs, start real
+processes instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What a MonoBeast run imports that costs time: torch's optimizer brings torch._dynamo.
+PRELOAD = (
+    "torch._dynamo",
+    "torch.optim",
+    "gymnasium",
+    "ale_py",
+    "torchbeast.cli",
+    "torchbeast.core.learner",
+    "torchbeast.envs.atari",
+    "torchbeast.envs.minatar",
+    "torchbeast.runtime.mono",
+    "torchbeast.runtime.training",
+)
+READY = "ready"
+MESSAGE_BYTES = 1 << 20
+
+
+def run(
+    command: list[str], *, timeout: float, env: dict | None = None, cwd: str = REPO
+) -> subprocess.CompletedProcess:
+    """What ``subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+    timeout=timeout)`` gives. Where ``command`` is ``[python, "-m", module, *args]`` and
+    ``env`` (by default this process's) the one the server imported under, a child of this
+    worker's warm server runs it; else a new process, since imports read the environment
+    (``PYTHONPATH``, the thread pools' variables)."""
+    own = env is None
+    env = dict(os.environ if own else env)
+    if command[:2] != [sys.executable, "-m"] or not (own or _outside_pytest(env) == _server_env()):
+        return subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    module, args = command[2], command[3:]
+    request = {"module": module, "args": list(args), "cwd": cwd, "env": env}
+    (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
+        connection.connect(_server_address(env))
+        socket.send_fds(connection, [json.dumps(request).encode()], [0, out_write, err_write])
+        os.close(out_write)
+        os.close(err_write)
+        pid = json.loads(connection.recv(MESSAGE_BYTES))["pid"]
+        try:
+            status, out, err = _communicate(connection, out_read, err_read, timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(pid, signal.SIGKILL)
+            raise subprocess.TimeoutExpired(command, timeout) from None
+    return subprocess.CompletedProcess(
+        command, os.waitstatus_to_exitcode(status), _text(out), _text(err)
+    )
+
+
+def _outside_pytest(env: dict) -> dict:
+    """``env`` without the variables pytest sets and changes for each test."""
+    return {key: value for key, value in env.items() if not key.startswith("PYTEST_")}
+
+
+def _communicate(connection: socket.socket, out: int, err: int, timeout: float):
+    """Reads both streams to their end (as ``communicate`` does: a child left holding one
+    keeps the command from ending) and the exit status the server reports."""
+    chunks: dict[int, list[bytes]] = {out: [], err: []}
+    open_streams, status = {out, err}, None
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        for source in (out, err, connection):
+            selector.register(source, selectors.EVENT_READ)
+        while open_streams or status is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                for stream in open_streams:
+                    os.close(stream)
+                raise subprocess.TimeoutExpired("", timeout)
+            for key, _ in selector.select(left):
+                if key.fileobj is connection:
+                    said = connection.recv(MESSAGE_BYTES)
+                    if not said:
+                        raise RuntimeError("the warm server went away during the command")
+                    status = json.loads(said)["status"]
+                    selector.unregister(connection)
+                    continue
+                data = os.read(key.fd, 1 << 16)
+                chunks[key.fd].append(data)
+                if not data:
+                    selector.unregister(key.fd)
+                    open_streams.remove(key.fd)
+                    os.close(key.fd)
+    return status, b"".join(chunks[out]), b"".join(chunks[err])
+
+
+def _text(data: bytes) -> str:
+    """As ``text=True`` decodes: the locale's encoding, universal newlines."""
+    return data.decode().replace("\r\n", "\n").replace("\r", "\n")
+
+
+class Server:
+    """A warm server started by this worker: its process, the folder of its socket, and the
+    environment it imported under (pytest's variables aside)."""
+
+    def __init__(self, env: dict):
+        self.env = _outside_pytest(env)
+        self.folder = tempfile.mkdtemp(prefix="warm", dir="/tmp")
+        self.address = os.path.join(self.folder, "socket")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.warm_start", self.address],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        atexit.register(self.stop)
+        said = self.process.stdout.readline().strip()
+        if said != READY:
+            self.stop()
+            raise RuntimeError(f"the warm server printed as it imported: {said!r}")
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        self.process.stdout.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_server: Server | None = None
+
+
+def _server_env() -> dict | None:
+    return _server.env if _server is not None else None
+
+
+def _server_address(env: dict) -> str:
+    """The socket of this worker's server that imported under ``env``: a new server where
+    there is none alive, or where it imported under another environment (this worker's
+    own changed: a module it imported set a variable, or a test did)."""
+    global _server
+    if _server is not None and (
+        _server.process.poll() is not None or _server.env != _outside_pytest(env)
+    ):
+        _server.stop()
+        _server = None
+    if _server is None:
+        _server = Server(env)
+    return _server.address
+
+
+def serve(address: str) -> tuple[dict, list[int]] | None:
+    """Forks a child for each request on ``address`` and reports its exit status; returns
+    the request and its streams in the child, None in the server once its parent is gone."""
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(address)
+    listener.listen(8)
+    print(READY, flush=True)
+    children: dict[int, socket.socket] = {}
+    while os.getppid() == parent:
+        if listener in [key.fileobj for key, _ in _readable(listener, 0.05)]:
+            connection, _ = listener.accept()
+            message, streams, _, _ = socket.recv_fds(connection, MESSAGE_BYTES, 3)
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                connection.close()
+                for other in children.values():
+                    other.close()
+                return json.loads(message), streams
+            for stream in streams:
+                os.close(stream)
+            connection.send(json.dumps({"pid": pid}).encode())
+            children[pid] = connection
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            connection = children.pop(pid)
+            try:
+                connection.send(json.dumps({"status": status}).encode())
+            except OSError:  # the test that asked has gone
+                pass
+            connection.close()
+    return None
+
+
+def _readable(listener: socket.socket, timeout: float):
+    with selectors.DefaultSelector() as selector:
+        selector.register(listener, selectors.EVENT_READ)
+        return selector.select(timeout)
+
+
+def become(request: dict, streams: list[int]) -> None:
+    """This child takes the command's streams, folder, environment and argument list."""
+    for target, stream in enumerate(streams):
+        os.dup2(stream, target)
+        os.close(stream)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.path[0] = request["cwd"]
+    sys.argv = ["-m", *request["args"]]
+    sys.modules.pop(request["module"], None)  # runpy warns of a module run twice
+    if "numpy" in sys.modules:  # Python's own generator is reseeded at a fork; numpy's not
+        sys.modules["numpy"].random.seed()
+
+
+def main() -> None:
+    import importlib
+    import runpy
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    work = serve(sys.argv[1])
+    if work is None:
+        return
+    request, streams = work
+    become(request, streams)
+    runpy._run_module_as_main(request["module"])
+
+
+if __name__ == "__main__":
+    main()
