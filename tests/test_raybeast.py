@@ -21,6 +21,7 @@ from concurrent import futures
 import grpc
 import pytest
 
+from tests import warm_start
 from tests.test_batches import SLOW_SECOND_ACTOR
 from tests.test_monobeast import (
     REPO,
@@ -42,9 +43,7 @@ def raybeast_command(tmp_path, *args: str) -> list[str]:
 
 
 def raybeast(tmp_path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        raybeast_command(tmp_path, *args), cwd=REPO, capture_output=True, text=True, timeout=timeout
-    )
+    return warm_start.run(raybeast_command(tmp_path, *args), timeout=timeout)
 
 
 def pids_whose(name: str, matches) -> list[int]:
