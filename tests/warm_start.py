@@ -8,11 +8,11 @@ takes the command's argument list, working folder, environment and standard stre
 then runs the module as ``python -m`` does (``runpy``), ending as the command ends: its exit
 status, output, files and children are the command's own.
 
-What differs from a cold start: the modules the server imported are not imported again, and
-every child shares the server's hash seed. The server refuses to start if those imports
-print anything, which a cold start would print to the command's own stderr. Tests of how a
-command starts, or that signal it or look at its processes while it runs, start real
-processes instead.
+What differs from a cold start: the modules the server imported are not imported again,
+every child shares the server's hash seed, and a child's command line in /proc is the
+server's. The server refuses to start if its imports print anything, which a cold start
+would print to the command's own stderr. Tests of what a command imports, and tests that
+signal a run or look at its processes while it runs, start real processes.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -51,10 +52,10 @@ def run(
     command: list[str], *, timeout: float, env: dict | None = None, cwd: str = REPO
 ) -> subprocess.CompletedProcess:
     """What ``subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
-    timeout=timeout)`` gives. Where ``command`` is ``[python, "-m", module, *args]`` and
-    ``env`` (by default this process's) the one the server imported under, a child of this
-    worker's warm server runs it; else a new process, since imports read the environment
-    (``PYTHONPATH``, the thread pools' variables)."""
+    timeout=timeout)`` gives. A ``python -m`` command in this process's environment is run
+    by a child of this worker's warm server (a new server where this environment has
+    changed); one given another environment than the server's starts cold, since imports
+    read it (``PYTHONPATH``, the thread pools' variables)."""
     own = env is None
     env = dict(os.environ if own else env)
     if command[:2] != [sys.executable, "-m"] or not (own or _outside_pytest(env) == _server_env()):
@@ -184,7 +185,7 @@ def serve(address: str) -> tuple[dict, list[int]] | None:
     print(READY, flush=True)
     children: dict[int, socket.socket] = {}
     while os.getppid() == parent:
-        if listener in [key.fileobj for key, _ in _readable(listener, 0.05)]:
+        if select.select([listener], [], [], 0.05)[0]:
             connection, _ = listener.accept()
             message, streams, _, _ = socket.recv_fds(connection, MESSAGE_BYTES, 3)
             pid = os.fork()
@@ -209,12 +210,6 @@ def serve(address: str) -> tuple[dict, list[int]] | None:
                 pass
             connection.close()
     return None
-
-
-def _readable(listener: socket.socket, timeout: float):
-    with selectors.DefaultSelector() as selector:
-        selector.register(listener, selectors.EVENT_READ)
-        return selector.select(timeout)
 
 
 def become(request: dict, streams: list[int]) -> None:
