@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import gymnasium as gym
 
-from torchbeast import video
+from torchbeast import entry, video
 from torchbeast.config.flags import parse_flags_and_sources
 from torchbeast.config.layers import COMMAND_LINE
 from torchbeast.config.settings import Settings, build_settings
@@ -29,6 +29,7 @@ def report_errors(body: Callable[[], object]) -> int:
         # since a signal may come while it loads.
         import torch
 
+        entry.work_begins()  # a Ctrl-C from here on unwinds the body (KeyboardInterrupt)
         try:
             body()
         except torch.OutOfMemoryError:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import sys
 
-from torchbeast.cli import run
-from torchbeast.config.parsers import make_mono_parser
+from torchbeast.entry import interrupt_quits
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(make_mono_parser(), argv, "mono")
+    with interrupt_quits():  # around the imports: they take seconds
+        from torchbeast.cli import run
+        from torchbeast.config.parsers import make_mono_parser
+
+        return run(make_mono_parser(), argv, "mono")
 
 
 if __name__ == "__main__":

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import sys
 
+from torchbeast.entry import interrupt_quits
+
 # Imported in main, not here: each env process is spawned, which re-imports this module
 # before the process can guard itself against outliving this one
 # (processes.guarded_main); torch would make that window seconds long.
 
 
 def main(argv: list[str] | None = None) -> int:
-    from torchbeast.cli import run
-    from torchbeast.config.parsers import make_poly_parser
+    with interrupt_quits():
+        from torchbeast.cli import run
+        from torchbeast.config.parsers import make_poly_parser
 
-    return run(make_poly_parser(), argv, "poly")
+        return run(make_poly_parser(), argv, "poly")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,15 @@ from __future__ import annotations
 
 import sys
 
+from torchbeast.entry import interrupt_quits, work_begins
+
 
 def main(argv: list[str] | None = None) -> int:
+    with interrupt_quits():
+        return serve_or_connect(argv)
+
+
+def serve_or_connect(argv: list[str] | None) -> int:
     # Imported here: each env process is spawned, which re-imports this module before
     # the process can guard itself against outliving this one (processes.guarded_main).
     from torchbeast.config.parsers import make_env_parser
@@ -23,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     check_addresses(parser, addresses_of(flags))
     check_mode_flags(parser, flags)
     settings = poly_env_settings(flags)
+    work_begins()
     try:
         return run_processes(settings)
     except (EnvError, EnvProcessKilled) as error:

@@ -8,20 +8,23 @@ from __future__ import annotations
 
 import sys
 
-from torchbeast.cli import run
-from torchbeast.config.parsers import make_learner_parser
-from torchbeast.runtime.registry import RUNTIMES
+from torchbeast.entry import interrupt_quits
 
 
 def main(argv: list[str] | None = None) -> int:
-    poly = RUNTIMES["poly"]
-    # The env processes are someone else's: this command starts none.
-    return run(
-        make_learner_parser(),
-        argv,
-        "poly",
-        train=lambda settings: poly.train(settings, start_envs=False),
-    )
+    with interrupt_quits():  # around the imports: they take seconds
+        from torchbeast.cli import run
+        from torchbeast.config.parsers import make_learner_parser
+        from torchbeast.runtime.registry import RUNTIMES
+
+        poly = RUNTIMES["poly"]
+        # The env processes are someone else's: this command starts none.
+        return run(
+            make_learner_parser(),
+            argv,
+            "poly",
+            train=lambda settings: poly.train(settings, start_envs=False),
+        )
 
 
 if __name__ == "__main__":
