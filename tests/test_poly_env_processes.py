@@ -50,10 +50,20 @@ def command_line(pid: int) -> str:
         return "(gone)"
 
 
+def parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
 def env_processes(marker: str) -> list[int]:
-    """The processes multiprocessing's spawn started (not the entry point, not its
-    resource tracker)."""
-    return [pid for pid in marked_processes(marker) if "spawn_main" in command_line(pid)]
+    """The processes the entry point's fork server started: the marked processes whose
+    parent and grandparent are marked (not the entry point, nor what it started itself:
+    the server, the resource tracker)."""
+    pids = set(marked_processes(marker))
+    return [pid for pid in pids if parent_of(pid) in pids and parent_of(parent_of(pid)) in pids]
 
 
 def wait_for_env_processes(marker: str, count: int, timeout: float = 60) -> None:
@@ -172,6 +182,25 @@ def test_running_env_processes_have_no_torch_loaded(start_marked, sockets, tmp_p
         with open(f"/proc/{pid}/maps") as f:
             torch_files = {line.split()[-1] for line in f if "/torch/" in line}
         assert torch_files == set(), f"{command_line(pid)} has torch loaded"
+    assert process.poll() is None
+
+
+def test_the_env_processes_of_polybeast_start_from_a_server_without_torch(
+    start_marked, sockets, tmp_path
+):
+    # Its learner has torch loaded: a server forked from it would give them torch too.
+    process, marker = start_marked(
+        "torchbeast.polybeast", *LEARNER, "--num_servers", "2", "--num_actors", "2",
+        "--pipes_basename", f"unix:{sockets}/env", "--savedir", str(tmp_path),
+        "--xpid", "run", "--total_steps", "100000000",
+    )  # fmt: skip
+    log = tmp_path / "torchbeast.polybeast.log"
+    wait_for(lambda: "Steps" in log.read_text(), 60, "training to start")
+    started = env_processes(marker)
+    assert len(started) == 2
+    for pid in [*started, parent_of(started[0])]:  # and their server
+        with open(f"/proc/{pid}/maps") as f:
+            assert not any("/torch/" in line for line in f), f"{command_line(pid)} has torch"
     assert process.poll() is None
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
@@ -62,7 +64,7 @@ def die_with_parent() -> None:
 
 
 def guarded_main(parent_pid: int, target: str, *args: object) -> None:
-    """A spawned child's entry: it dies with ``parent_pid``, then runs ``target(*args)``.
+    """A child's entry: it dies with ``parent_pid``, then runs ``target(*args)``.
 
     ``target`` is "module:function", imported only once the guard is in place: a parent
     killed while its children import their modules must not leave them running. Spawn
@@ -70,11 +72,37 @@ def guarded_main(parent_pid: int, target: str, *args: object) -> None:
     ``args`` are plain data and entry points keep their top-level imports light.
     """
     die_with_parent()
-    if os.getppid() != parent_pid:
+    if not parent_alive(parent_pid):
         # The parent died before the guard was set, and nobody will stop this process.
         raise SystemExit(1)
+    if os.getppid() != parent_pid:
+        # A fork server's child: Linux's guard is on the server, which lives on while any
+        # of its children does (each holds the pipe whose end tells it the parent is gone).
+        watch_parent()
     module, _, function = target.partition(":")
     getattr(importlib.import_module(module), function)(*args)
+
+
+def parent_alive(parent_pid: int) -> bool:
+    """Whether ``parent_pid``, which started this process, still runs: it is this
+    process's parent, or (for a child of a fork server) multiprocessing's sentinel of it,
+    a pipe whose writing end it holds, has not closed."""
+    if os.getppid() == parent_pid:
+        return True
+    parent = multiprocessing.parent_process()
+    return parent is not None and parent.pid == parent_pid and parent.is_alive()
+
+
+def watch_parent() -> None:
+    """Kills this process once the process that started it is gone, as Linux's guard does
+    (a daemon thread that waits on multiprocessing's sentinel of the parent)."""
+    parent = multiprocessing.parent_process()
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
 
 
 def process_cpu_seconds(pids: list[int]) -> float:

@@ -329,10 +329,13 @@ def serve_forked(command: str, passfds: Collection[int]) -> None:
         # A spawned server starts with no signal blocked, the stop signals ignored.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         detach_descriptors(passfds)
-        for handler in list(log.handlers):  # as in a new interpreter: the run's are the run's
-            log.removeHandler(handler)
+        root = logging.getLogger()
+        for logger in (log, root):  # as in a new interpreter: the run's are the run's
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
         log.setLevel(logging.NOTSET)
         log.propagate = True
+        root.setLevel(logging.WARNING)
         exec(command, {})  # raises SystemExit once the parent's end of that pipe closes
     except SystemExit:
         status = 0

@@ -35,7 +35,12 @@ from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 from torchbeast.runtime.poly import polybeast_pb2_grpc as pb_grpc
 from torchbeast.runtime.processes import guarded_main
-from torchbeast.runtime.supervision import RestartBudget, join_or_kill, signal_name
+from torchbeast.runtime.supervision import (
+    RestartBudget,
+    forked_children,
+    join_or_kill,
+    signal_name,
+)
 
 log = logging.getLogger("torchbeast")
 
@@ -349,6 +354,15 @@ def start_processes(
     return [start_process(settings, index, log_level, failures) for index in range(count)]
 
 
+def process_context() -> mp.context.BaseContext:
+    """Where env processes start: forked from one server that has this module (gRPC,
+    gymnasium, the env families) imported, started by the first call; a spawned process
+    spent ~0.7 s of CPU importing them. The server is this process forked where torch is
+    not loaded here (``polybeast_env``), else a new interpreter (the ``polybeast``
+    command's learner): env processes never load torch."""
+    return forked_children([__name__, "torchbeast.envs"], fork_here="torch" not in sys.modules)
+
+
 def start_process(
     settings: PolyEnvSettings,
     index: int,
@@ -359,7 +373,7 @@ def start_process(
     """Starts env process ``index`` of :func:`start_processes`, or (``incarnation`` > 0)
     its replacement."""
     entry = f"{__name__}:process_main"  # imported by the child once it dies with this one
-    process = mp.get_context("spawn").Process(
+    process = process_context().Process(
         target=guarded_main,
         args=(os.getpid(), entry, settings, index, log_level, failures, incarnation),
         name=f"env-{index}",
