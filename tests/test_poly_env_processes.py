@@ -179,28 +179,36 @@ def test_running_env_processes_have_no_torch_loaded(start_marked, sockets, tmp_p
     pids = marked_processes(marker)
     assert len(env_processes(marker)) == 2
     for pid in pids:
-        with open(f"/proc/{pid}/maps") as f:
-            torch_files = {line.split()[-1] for line in f if "/torch/" in line}
-        assert torch_files == set(), f"{command_line(pid)} has torch loaded"
+        assert not torch_loaded(pid), f"{command_line(pid)} has torch loaded"
     assert process.poll() is None
+
+
+def torch_loaded(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return any("/torch/" in line for line in f)
+
+
+def start_training_polybeast(start_marked, sockets, tmp_path, num_servers: int):
+    """``polybeast`` with ``num_servers`` env servers, once it trains; and its marker."""
+    process, marker = start_marked(
+        "torchbeast.polybeast", *LEARNER, "--num_servers", str(num_servers),
+        "--num_actors", str(num_servers), "--pipes_basename", f"unix:{sockets}/env",
+        "--savedir", str(tmp_path), "--xpid", "run", "--total_steps", "100000000",
+    )  # fmt: skip
+    log = tmp_path / "torchbeast.polybeast.log"
+    wait_for(lambda: "Steps" in log.read_text(), 60, "training to start")
+    return process, marker
 
 
 def test_the_env_processes_of_polybeast_start_from_a_server_without_torch(
     start_marked, sockets, tmp_path
 ):
     # Its learner has torch loaded: a server forked from it would give them torch too.
-    process, marker = start_marked(
-        "torchbeast.polybeast", *LEARNER, "--num_servers", "2", "--num_actors", "2",
-        "--pipes_basename", f"unix:{sockets}/env", "--savedir", str(tmp_path),
-        "--xpid", "run", "--total_steps", "100000000",
-    )  # fmt: skip
-    log = tmp_path / "torchbeast.polybeast.log"
-    wait_for(lambda: "Steps" in log.read_text(), 60, "training to start")
+    process, marker = start_training_polybeast(start_marked, sockets, tmp_path, 2)
     started = env_processes(marker)
     assert len(started) == 2
     for pid in [*started, parent_of(started[0])]:  # and their server
-        with open(f"/proc/{pid}/maps") as f:
-            assert not any("/torch/" in line for line in f), f"{command_line(pid)} has torch"
+        assert not torch_loaded(pid), f"{command_line(pid)} has torch loaded"
     assert process.poll() is None
 
 
@@ -228,13 +236,8 @@ def test_polybeast_replaces_an_env_process_killed_by_a_signal_and_trains_on(
 ):
     # It went on with fewer envs (with none, it stopped, pointing at errors "in the output
     # above" that no process wrote).
-    process, marker = start_marked(
-        "torchbeast.polybeast", *LEARNER, "--num_servers", "1", "--num_actors", "1",
-        "--pipes_basename", f"unix:{sockets}/env", "--savedir", str(tmp_path),
-        "--xpid", "run", "--total_steps", "100000000",
-    )  # fmt: skip
+    process, marker = start_training_polybeast(start_marked, sockets, tmp_path, 1)
     log = tmp_path / "torchbeast.polybeast.log"
-    wait_for(lambda: "Steps" in log.read_text(), 60, "training to start")
     (killed,) = env_processes(marker)
     os.kill(killed, signal.SIGKILL)  # as the kernel's OOM killer does
     wait_for(lambda: "starting a new one" in log.read_text(), 30, "the replacement")

@@ -10,9 +10,9 @@ import sys
 
 from torchbeast.entry import interrupt_quits
 
-# Imported in main, not here: each env process is spawned, which re-imports this module
-# before the process can guard itself against outliving this one
-# (processes.guarded_main); torch would make that window seconds long.
+# Imported in main, not here: the env processes' fork server is a new interpreter, which
+# imports this module first (as a spawned env process does, before it can guard itself
+# against outliving this one: processes.guarded_main); torch would take seconds there.
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,8 +18,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve_or_connect(argv: list[str] | None) -> int:
-    # Imported here: each env process is spawned, which re-imports this module before
-    # the process can guard itself against outliving this one (processes.guarded_main).
+    # Imported here: an env process spawned (where no fork server can start) re-imports
+    # this module before it can guard itself against outliving this one
+    # (processes.guarded_main).
     from torchbeast.config.parsers import make_env_parser
     from torchbeast.config.poly import addresses_of, check_addresses, poly_env_settings
     from torchbeast.envs import EnvError

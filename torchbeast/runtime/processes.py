@@ -72,31 +72,23 @@ def guarded_main(parent_pid: int, target: str, *args: object) -> None:
     ``args`` are plain data and entry points keep their top-level imports light.
     """
     die_with_parent()
-    if not parent_alive(parent_pid):
-        # The parent died before the guard was set, and nobody will stop this process.
-        raise SystemExit(1)
     if os.getppid() != parent_pid:
-        # A fork server's child: Linux's guard is on the server, which lives on while any
-        # of its children does (each holds the pipe whose end tells it the parent is gone).
-        watch_parent()
+        # A fork server's child, or the parent died before the guard was set. Then
+        # multiprocessing's sentinel of the parent (a pipe whose writing end it holds)
+        # says whether it lives.
+        parent = multiprocessing.parent_process()
+        if parent is None or parent.pid != parent_pid or not parent.is_alive():
+            raise SystemExit(1)  # nobody would stop this process
+        # Linux's guard is on the fork server, which lives on while any of its children
+        # does (each holds the pipe whose end tells the server its parent is gone).
+        watch_parent(parent)
     module, _, function = target.partition(":")
     getattr(importlib.import_module(module), function)(*args)
 
 
-def parent_alive(parent_pid: int) -> bool:
-    """Whether ``parent_pid``, which started this process, still runs: it is this
-    process's parent, or (for a child of a fork server) multiprocessing's sentinel of it,
-    a pipe whose writing end it holds, has not closed."""
-    if os.getppid() == parent_pid:
-        return True
-    parent = multiprocessing.parent_process()
-    return parent is not None and parent.pid == parent_pid and parent.is_alive()
-
-
-def watch_parent() -> None:
-    """Kills this process once the process that started it is gone, as Linux's guard does
-    (a daemon thread that waits on multiprocessing's sentinel of the parent)."""
-    parent = multiprocessing.parent_process()
+def watch_parent(parent: multiprocessing.process.BaseProcess) -> None:
+    """Kills this process once ``parent`` (multiprocessing's view of the process that
+    started it) is gone, as Linux's guard does: a daemon thread waits on its sentinel."""
 
     def watch() -> None:
         multiprocessing.connection.wait([parent.sentinel])
