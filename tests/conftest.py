@@ -11,6 +11,8 @@ import tempfile
 
 import pytest
 
+from tests import warm_start
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A suite started in the background by a non-interactive shell (`nohup make test &`)
@@ -44,16 +46,16 @@ def sockets():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def spawn(module: str, *args: str, log, env: dict | None = None) -> subprocess.Popen:
-    """``python -m module args`` in its own process group, output to ``log``."""
+def spawn(
+    module: str, *args: str, log, env: dict | None = None
+) -> subprocess.Popen | warm_start.Started:
+    """``python -m module args`` in its own session and process group, output to ``log``;
+    warm where ``warm_start.start`` can (``env`` adds to this process's environment)."""
     with open(log, "w") as out:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(
+        return warm_start.start(
             [sys.executable, "-m", module, *args],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, **(env or {})},
+            stdout=out.fileno(),
+            env=None if env is None else {**os.environ, **env},
         )
 
 

@@ -13,6 +13,8 @@ report = {
     "cwd": os.getcwd(),
     "path0": sys.path[0],
     "parent": os.getppid(),
+    "group": os.getpgid(0),
+    "session": os.getsid(0),
     "variable": os.environ.get("WARM_START_TEST"),
     "draw": np.random.randint(1 << 30),
 }

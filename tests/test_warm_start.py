@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -60,3 +61,27 @@ def test_a_command_past_its_timeout_is_killed_and_the_server_serves_on():
     wait_for(lambda: not children_of(server), 10, "the command killed")
     again = warm_start.run(REPORT, timeout=60)
     assert again.returncode == 0 and report(again)["parent"] == server
+
+
+def test_a_started_command_leads_its_own_session_and_its_exit_status_comes_back(tmp_path):
+    with open(tmp_path / "out", "w") as out:
+        process = warm_start.start([*REPORT, "4"], stdout=out.fileno())
+    assert isinstance(process, warm_start.Started)  # warm, as the spawned runs are
+    assert process.wait(timeout=60) == 4 and process.poll() == 4
+    output = (tmp_path / "out").read_text()
+    seen = json.loads(output.splitlines()[0])
+    assert seen["group"] == seen["session"] == process.pid != os.getpgid(0)
+    assert seen["parent"] != os.getpid()
+    assert "to stderr" in output  # both streams to the one file
+
+
+def test_a_started_commands_group_takes_a_signal_as_soon_as_it_is_started(tmp_path):
+    serving = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0"]
+    with open(tmp_path / "out", "w") as out:
+        process = warm_start.start(serving, stdout=out.fileno())
+    assert process.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(timeout=0.5)
+    os.killpg(process.pid, signal.SIGTERM)
+    assert process.wait(timeout=30) == -signal.SIGTERM
+    assert process.poll() == -signal.SIGTERM

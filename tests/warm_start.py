@@ -56,21 +56,18 @@ def run(
     by a child of this worker's warm server (a new server where this environment has
     changed); one given another environment than the server's starts cold, since imports
     read it (``PYTHONPATH``, the thread pools' variables)."""
-    own = env is None
-    env = dict(os.environ if own else env)
-    if command[:2] != [sys.executable, "-m"] or not (own or _outside_pytest(env) == _server_env()):
+    request = _warm_request(command, env, cwd)
+    if request is None:
         return subprocess.run(
             command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
         )
-    module, args = command[2], command[3:]
-    request = {"module": module, "args": list(args), "cwd": cwd, "env": env}
     (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
-        connection.connect(_server_address(env))
-        socket.send_fds(connection, [json.dumps(request).encode()], [0, out_write, err_write])
+    try:
+        connection, pid = _ask(request, [0, out_write, err_write])
+    finally:
         os.close(out_write)
         os.close(err_write)
-        pid = json.loads(connection.recv(MESSAGE_BYTES))["pid"]
+    with connection:
         try:
             status, out, err = _communicate(connection, out_read, err_read, timeout)
         except subprocess.TimeoutExpired:
@@ -79,6 +76,92 @@ def run(
     return subprocess.CompletedProcess(
         command, os.waitstatus_to_exitcode(status), _text(out), _text(err)
     )
+
+
+def start(
+    command: list[str], *, stdout: int, env: dict | None = None, cwd: str = REPO
+) -> subprocess.Popen | Started:
+    """What ``subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=STDOUT,
+    stdin=DEVNULL, start_new_session=True)`` starts, warm on the terms of ``run``: a
+    process in a session and process group of its own, whose group a test may signal as
+    soon as this returns. ``polybeast_env`` always starts cold: with torch loaded, as a
+    warm child has it, it starts its env processes from a new interpreter, where a user's
+    command forks them from itself."""
+    request = _warm_request(command, env, cwd)
+    if request is None or request["module"] == "torchbeast.polybeast_env":
+        return subprocess.Popen(
+            command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    with open(os.devnull) as nothing:
+        connection, pid = _ask({**request, "session": True}, [nothing.fileno(), stdout, stdout])
+    return Started(command, connection, pid)
+
+
+class Started:
+    """A command that a warm server's child runs, as ``subprocess.Popen`` gives it: its
+    ``pid`` (that of its session and group), ``poll``, ``wait`` and signals. It is the
+    server's child, not this process's, so its exit status comes from the server."""
+
+    def __init__(self, args: list[str], connection: socket.socket, pid: int):
+        self.args, self.pid, self.returncode = args, pid, None
+        self._connection = connection
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._connection], [], [], 0)[0]:
+            self._take_status()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._connection], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._take_status()
+        return self.returncode
+
+    def _take_status(self) -> None:
+        said = self._connection.recv(MESSAGE_BYTES)
+        self._connection.close()
+        if not said:
+            raise RuntimeError("the warm server went away during the command")
+        self.returncode = os.waitstatus_to_exitcode(json.loads(said)["status"])
+
+    def send_signal(self, number: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, number)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _warm_request(command: list[str], env: dict | None, cwd: str) -> dict | None:
+    """The request for a warm server, or None where ``command`` must start cold: it is
+    no ``python -m``, or its environment is not this process's nor the server's."""
+    own = env is None
+    env = dict(os.environ if own else env)
+    if command[:2] != [sys.executable, "-m"] or not (own or _outside_pytest(env) == _server_env()):
+        return None
+    return {"module": command[2], "args": list(command[3:]), "cwd": cwd, "env": env}
+
+
+def _ask(request: dict, streams: list[int]) -> tuple[socket.socket, int]:
+    """Sends ``request`` with the child's standard streams; the connection on which the
+    server will report the child's exit status, and the child's pid, which the child
+    sends once it is in its own session where the request asks for one."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        connection.connect(_server_address(request["env"]))
+        socket.send_fds(connection, [json.dumps(request).encode()], streams)
+        said = connection.recv(MESSAGE_BYTES)
+        if not said:
+            raise RuntimeError("the warm server went away as it started the command")
+        return connection, json.loads(said)["pid"]
+    except BaseException:
+        connection.close()
+        raise
 
 
 def _outside_pytest(env: dict) -> dict:
@@ -191,13 +274,16 @@ def serve(address: str) -> tuple[dict, list[int]] | None:
             pid = os.fork()
             if pid == 0:
                 listener.close()
-                connection.close()
                 for other in children.values():
                     other.close()
-                return json.loads(message), streams
+                request = json.loads(message)
+                if request.get("session"):
+                    os.setsid()  # before the pid is told: the test may signal its group
+                connection.send(json.dumps({"pid": os.getpid()}).encode())
+                connection.close()
+                return request, streams
             for stream in streams:
                 os.close(stream)
-            connection.send(json.dumps({"pid": pid}).encode())
             children[pid] = connection
         while children:
             pid, status = os.waitpid(-1, os.WNOHANG)
