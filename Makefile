@@ -25,13 +25,13 @@ train: $(STAMP)
 	$(PY) -m torchbeast.monobeast --env PongNoFrameskip-v4 $(ARGS)
 
 # The whole test suite; .ci/run calls exactly this. The tests run in pytest-xdist workers,
-# one per core (most of a test's time is processes starting and waiting on each other),
-# then those that start Ray one after another (`-m ray`, see tests/conftest.py). ARGS
+# one per core (most of a test's time is processes starting and waiting on each other;
+# the tests of one shared run on one worker, see tests/conftest.py), then those that start Ray one after another (`-m ray`, see tests/conftest.py). ARGS
 # narrows both, e.g. ARGS=tests/test_envs.py.
 test: $(STAMP)
 	$(PY) -m ruff check torchbeast tests
 	$(PY) -m ruff format --check torchbeast tests
-	$(PY) -m pytest -n auto -m "not ray" $(ARGS) || [ $$? -eq 5 ]  # 5: none selected
+	$(PY) -m pytest -n auto --dist loadgroup -m "not ray" $(ARGS) || [ $$? -eq 5 ]  # 5: none selected
 	$(PY) -m pytest -m ray $(ARGS) || [ $$? -eq 5 ]
 
 # Learning checks: short runs (PixelCue, CartPole, CartPole with LASER, MinAtar Breakout) each

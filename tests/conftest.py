@@ -29,13 +29,22 @@ def uses_ray(item: pytest.Item) -> bool:
     )
 
 
+# Module-scoped fixtures that train or serve a run: the tests that use one go to one
+# pytest-xdist worker (``--dist loadgroup``), so that it is made once, not once a worker.
+SHARED_RUNS = ("trained_run", "cartpole_training", "pong_learner")
+
+
 def pytest_collection_modifyitems(config, items):
     """Marks the tests that start Ray (``-m ray``): ``make test`` runs them one after
     another once the others have run in parallel workers, since some check that no Ray
-    daemon outlives a run, and Ray's daemons miss their deadlines on a loaded machine."""
+    daemon outlives a run, and Ray's daemons miss their deadlines on a loaded machine.
+    Groups the tests of each shared run on one worker."""
     for item in items:
         if uses_ray(item):
             item.add_marker(pytest.mark.ray)
+        for name in SHARED_RUNS:
+            if name in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(name))
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ training goes on (or that the learner stops with one line) and that nothing save
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import os
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 
 import grpc
 import numpy as np
@@ -416,16 +418,39 @@ class Running:
         assert "Traceback" not in self.output()
 
 
+class Paused:
+    """A run whose processes are stopped (SIGSTOP to their groups) but while a test uses
+    it: a CartPole learner and its client train on most of a core, which every other test
+    on the machine would pay for while the module's tests come and go."""
+
+    def __init__(self, running: Running, processes: list[subprocess.Popen]):
+        self.running, self.processes = running, processes
+        self.signal(signal.SIGSTOP)
+
+    def signal(self, number: int) -> None:
+        for process in self.processes:
+            os.killpg(process.pid, number)
+
+    @contextlib.contextmanager
+    def going_on(self) -> Iterator[Running]:
+        self.signal(signal.SIGCONT)
+        try:
+            yield self.running
+        finally:
+            self.signal(signal.SIGSTOP)
+
+
 @pytest.fixture(scope="module")
-def cartpole_run(tmp_path_factory):
-    """A CartPole learner (rewards not clipped) training with one good client."""
+def cartpole_training(tmp_path_factory):
+    """A CartPole learner (rewards not clipped) training with one good client. Its streams
+    may wait for a Step as long as the module's tests take, since it is paused meanwhile."""
     folder = tmp_path_factory.mktemp("cartpole")
     sockets = tempfile.mkdtemp(prefix="pb", dir="/tmp")
     address = f"unix:{sockets}/learner"
     learner = spawn(
         "torchbeast.polybeast_learner", *LEARNER, "--serve", address, "--reward_clipping",
-        "none", "--total_steps", "100000000", "--savedir", str(folder), "--xpid", "r",
-        log=folder / "learner.log",
+        "none", "--total_steps", "100000000", "--stream_timeout_s", "3600", "--savedir",
+        str(folder), "--xpid", "r", log=folder / "learner.log",
     )  # fmt: skip
     client = spawn(
         "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
@@ -433,10 +458,17 @@ def cartpole_run(tmp_path_factory):
     )  # fmt: skip
     try:
         wait_for(lambda: logged_steps(folder / "r"), 90, "training to start")
-        yield Running(address, folder, learner)
+        yield Paused(Running(address, folder, learner), [client, learner])
     finally:
         kill_groups([learner, client])
         shutil.rmtree(sockets, ignore_errors=True)
+
+
+@pytest.fixture
+def cartpole_run(cartpole_training):
+    """The CartPole run, training while the test runs."""
+    with cartpole_training.going_on() as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
