@@ -224,7 +224,9 @@ def test_polybeast_env_replaces_an_env_process_killed_by_a_signal(start_marked, 
     try:
         wait_for(lambda: "starting a new one" in log.read_text(), 30, "the replacement")
     except AssertionError as error:  # seen once under load, with no log to read
-        raise AssertionError(f"{error} of {command_line(victim)!r}; log:\n{log.read_text()}")
+        raise AssertionError(
+            f"{error} of {command_line(victim)!r}; log:\n{log.read_text()}"
+        ) from None
     assert re.search(
         rf"Env process [01] \(pid {victim}\) was killed by SIGKILL \(out of memory\?\); "
         r"starting a new one\.",
