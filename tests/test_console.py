@@ -4,12 +4,11 @@ runtime, from its first line; out.log in the run folder keeps every line."""
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 
 import pytest
 
-from tests.test_polybeast import REPO
+from tests import warm_start
 from torchbeast.curves import read_logs
 
 SMALL = ["--env", "CartPole-v1", "--batch_size", "2", "--unroll_length", "20"]
@@ -22,9 +21,7 @@ def test_suppress_logs_keeps_the_console_to_progress_lines(tmp_path, sockets, en
     command += ["--num_actors", "2", "--savedir", str(tmp_path)]
     if entry_point == "polybeast":
         command += ["--num_servers", "2", "--pipes_basename", f"unix:{sockets}/env"]
-    quiet = subprocess.run(
-        [*command, "--suppress_logs"], cwd=REPO, capture_output=True, text=True, timeout=180
-    )
+    quiet = warm_start.run([*command, "--suppress_logs"], timeout=180)
     assert quiet.returncode == 0, quiet.stderr
     out_log = (tmp_path / "run" / "out.log").read_text()
     assert "Training run on CartPole-v1" in out_log  # the line is written, to the file only
@@ -39,9 +36,6 @@ def test_suppress_logs_keeps_the_console_to_progress_lines(tmp_path, sockets, en
     if entry_point == "polybeast":
         return
     # Without the flag the same line shows.
-    loud = subprocess.run(
-        [*command, "--savedir", str(tmp_path / "loud")],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+    loud = warm_start.run([*command, "--savedir", str(tmp_path / "loud")], timeout=180)
     assert loud.returncode == 0, loud.stderr
     assert "Training run on CartPole-v1" in loud.stdout

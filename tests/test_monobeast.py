@@ -143,6 +143,19 @@ def alive(pid: int) -> bool:
         return False
 
 
+def status_lines(pid: int, *names: str) -> list[str]:
+    """The lines of /proc/PID/status named ``names``, and the threads' kernel waits."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            lines = [line.strip() for line in f if line.split(":")[0] in names]
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{thread}/wchan") as f:
+                lines.append(f"{thread} waits in {f.read() or '-'}")
+        return lines
+    except OSError as error:
+        return [str(error)]
+
+
 def wait_for(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -416,7 +429,11 @@ def test_killed_learner_leaves_no_orphan_actor(tmp_path):
     finally:
         process.kill()
         process.wait(timeout=30)
-    wait_for(lambda: not any(alive(pid) for pid in actors), 20, "orphan actors to exit")
+    try:
+        wait_for(lambda: not any(alive(pid) for pid in actors), 20, "orphan actors to exit")
+    except AssertionError as error:  # seen once under load: say what they were doing
+        left = {pid: status_lines(pid, "State", "PPid") for pid in actors if alive(pid)}
+        raise AssertionError(f"{error}: {left}") from None
 
 
 def test_non_finite_loss_stops_training_and_keeps_good_weights(tmp_path):

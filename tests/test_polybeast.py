@@ -178,19 +178,19 @@ def test_a_learner_told_no_env_records_its_env_servers_proxy_and_refuses_another
     learner = [sys.executable, "-m", "torchbeast.polybeast_learner", "--batch_size", "2"]
     learner += ["--unroll_length", "20", "--hidden_size", "64", "--disable_cuda"]
     learner += ["--savedir", str(tmp_path), "--xpid", "run"]
-    first = subprocess.run(
+    first = warm_start.run(
         [*learner, "--env_servers", f"unix:{sockets}/five.0", "--total_steps", "200"],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
+        timeout=180,
     )  # fmt: skip
     assert first.returncode == 0, first.stderr
     state = torch.load(tmp_path / "run" / "model.tar", weights_only=True)
     assert state["flags"]["fuel_multiplier"] == 5.0
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert meta["sources"]["fuel_multiplier"] == "its environments"
-    evaluated = subprocess.run(
+    evaluated = warm_start.run(
         [*learner[:3], "--mode", "eval", "--savedir", str(tmp_path), "--xpid", "run",
          "--num_episodes", "1", "--fuel_multiplier", "5"],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
+        timeout=180,
     )  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr
     report = json.loads((tmp_path / "run" / "eval.json").read_text())
@@ -199,15 +199,15 @@ def test_a_learner_told_no_env_records_its_env_servers_proxy_and_refuses_another
     assert "WARNING" not in evaluated.stdout + evaluated.stderr
     # Resumed against its own env server: it goes on (it refused it, seeing the defaults
     # its Hello carries beside the proxy as another env).
-    resumed = subprocess.run(
+    resumed = warm_start.run(
         [*learner, "--env_servers", f"unix:{sockets}/five.0", "--total_steps", "400"],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
+        timeout=180,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     # Resumed against an env server of another proxy: refused, as its checkpoint says.
-    other = subprocess.run(
+    other = warm_start.run(
         [*learner, "--env_servers", f"unix:{sockets}/one.0", "--total_steps", "600"],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
+        timeout=180,
     )  # fmt: skip
     assert other.returncode == 1
     line = other.stderr.strip().splitlines()[-1]

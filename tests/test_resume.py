@@ -16,8 +16,8 @@ import sys
 import pytest
 import torch
 
+from tests import warm_start
 from tests.test_monobeast import (
-    REPO,
     SMALL_RUN,
     STOPPED_BY_SIGTERM,
     actor_pids,
@@ -34,12 +34,10 @@ LASER = ["--replay_size", "2000", "--learn_start", "200"]
 
 
 def start_run(tmp_path, *args: str, log: str = "run.log") -> subprocess.Popen:
-    """MonoBeast in its own process group, as under a job scheduler."""
+    """MonoBeast in its own process group, as under a job scheduler (warm)."""
     command = [sys.executable, "-m", "torchbeast.monobeast", "--savedir", str(tmp_path), *args]
     with open(tmp_path / log, "w") as output:
-        return subprocess.Popen(
-            command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        return warm_start.start(command, stdout=output.fileno())
 
 
 def lines_with(path, fragment: str) -> list[str]:
