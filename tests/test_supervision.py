@@ -127,3 +127,58 @@ def test_the_fork_server_is_this_process_forked_only_where_that_is_safe_and_allo
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == ["started", server], how
+
+
+# A fork server's child that waits forever without a word to its starter (as an actor
+# waited for weights its learner was killed in the middle of writing); the starter prints
+# the child's pid, then waits to be killed.
+WAITS_FOREVER = """
+import sys, time
+from torchbeast.runtime.processes import die_with_parent
+from torchbeast.runtime.supervision import forked_children
+
+
+def wait_forever():
+    die_with_parent()
+    while True:
+        time.sleep(0.001)
+
+
+if __name__ == "__main__":
+    child = forked_children([]).Process(target=wait_forever, daemon=True)
+    child.start()
+    print(child.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` lives and is no zombie, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_fork_servers_child_dies_with_the_process_that_started_it(tmp_path):
+    script = tmp_path / "waits_forever.py"
+    script.write_text(WAITS_FOREVER)
+    starter = subprocess.Popen(
+        [sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    child = None
+    try:
+        child = int(starter.stdout.readline())
+        time.sleep(1)  # its guard is in place
+        starter.kill()  # as the kernel's OOM killer does
+        starter.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while running(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not running(child), "the child outlived the process that started it"
+    finally:
+        starter.kill()
+        starter.stdout.close()
+        if child is not None and running(child):
+            os.kill(child, signal.SIGKILL)

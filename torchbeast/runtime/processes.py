@@ -57,10 +57,17 @@ def further_stops_said(note: str) -> Iterator[None]:
 
 
 def die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies (belt and braces)."""
+    """Ask Linux to kill this process when its parent dies (belt and braces). A fork
+    server's child also watches multiprocessing's sentinel of the process that started
+    it: Linux's guard is on the server, which lives on while any of its children does
+    (each holds the pipe whose end tells the server its starter is gone). An actor that
+    waited for weights its learner was killed in the middle of writing waited forever."""
     guard = child_dies_with_parent()
     if guard is not None:
         guard()
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.pid != os.getppid() and parent.is_alive():
+        watch_parent(parent)
 
 
 def guarded_main(parent_pid: int, target: str, *args: object) -> None:
@@ -79,9 +86,6 @@ def guarded_main(parent_pid: int, target: str, *args: object) -> None:
         parent = multiprocessing.parent_process()
         if parent is None or parent.pid != parent_pid or not parent.is_alive():
             raise SystemExit(1)  # nobody would stop this process
-        # Linux's guard is on the fork server, which lives on while any of its children
-        # does (each holds the pipe whose end tells the server its parent is gone).
-        watch_parent(parent)
     module, _, function = target.partition(":")
     getattr(importlib.import_module(module), function)(*args)
 
