@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from tests.test_monobeast import alive
 from torchbeast.runtime.supervision import (
     RestartBudget,
     Supervised,
@@ -152,15 +153,6 @@ if __name__ == "__main__":
 """
 
 
-def running(pid: int) -> bool:
-    """Whether ``pid`` lives and is no zombie, from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_a_fork_servers_child_dies_with_the_process_that_started_it(tmp_path):
     script = tmp_path / "waits_forever.py"
     script.write_text(WAITS_FOREVER)
@@ -174,11 +166,11 @@ def test_a_fork_servers_child_dies_with_the_process_that_started_it(tmp_path):
         starter.kill()  # as the kernel's OOM killer does
         starter.wait(timeout=30)
         deadline = time.monotonic() + 20
-        while running(child) and time.monotonic() < deadline:
+        while alive(child) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not running(child), "the child outlived the process that started it"
+        assert not alive(child), "the child outlived the process that started it"
     finally:
         starter.kill()
         starter.stdout.close()
-        if child is not None and running(child):
+        if child is not None and alive(child):
             os.kill(child, signal.SIGKILL)
