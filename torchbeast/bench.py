@@ -42,6 +42,7 @@ from torchbeast.config.parsers import make_bench_parser
 from torchbeast.config.settings import build_settings
 from torchbeast.core.errors import unwritable
 from torchbeast.core.precision import dtype_name
+from torchbeast.entry import work_begins
 from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.mono_inference import PASS_PARTS
 from torchbeast.runtime.pool import Pool
@@ -264,6 +265,7 @@ def in_folder(flags: argparse.Namespace, folder: str) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    work_begins()  # its imports are done: a Ctrl-C now raises KeyboardInterrupt
     flags = parse_flags(argv, make_bench_parser(list(RUNTIMES)))
     if flags.json and (problem := unwritable(flags.json, "--json")):
         print(f"error: {problem}", file=sys.stderr)

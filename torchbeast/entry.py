@@ -47,6 +47,37 @@ def interrupt_quits() -> Iterator[None]:
         work_begins()
 
 
+# The tools, commands whose modules import their libraries as they load (torch, matplotlib):
+# nothing of theirs runs before those imports, so the package's ``__init__`` puts
+# ``quit_now`` in place as ``python -m`` starts one (``quit_while_a_tool_loads``). Each calls
+# ``work_begins`` first thing in its ``main``. The training entry points keep their imports
+# inside ``main``, in ``interrupt_quits``.
+TOOLS = frozenset(
+    f"torchbeast.{name}"
+    for name in ("bench", "learncheck", "lightlog", "plot", "scaling", "study", "study_plot")
+)
+
+
+def module_run_by_python() -> str | None:
+    """The module of ``python [options] -m MODULE ...`` while the interpreter imports its
+    packages to find it (Python then has ``sys.argv[0]`` "-m"); None at any other time."""
+    words = getattr(sys, "orig_argv", [])
+    if sys.argv[:1] != ["-m"] or "-m" not in words[1:-1]:
+        return None
+    return words[words.index("-m", 1) + 1]
+
+
+def quit_while_a_tool_loads() -> None:
+    """``quit_now`` for a Ctrl-C while one of the ``TOOLS`` loads, under the same
+    conditions as ``interrupt_quits``; its ``main`` calls ``work_begins``."""
+    if (
+        module_run_by_python() in TOOLS
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        signal.signal(signal.SIGINT, quit_now)
+
+
 def work_begins() -> None:
     """From here a Ctrl-C raises KeyboardInterrupt again, which the work unwinds from (its
     processes stopped, its checkpoint written)."""

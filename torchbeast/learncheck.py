@@ -37,6 +37,7 @@ import numpy as np
 from torchbeast.config.argparser import FlagParser
 from torchbeast.config.resolvers import expand_savedir, unset_variable
 from torchbeast.curves import last_episodes_mean, read_logs
+from torchbeast.entry import work_begins
 from torchbeast.runtime.processes import sigterm_as_ctrl_c
 from torchbeast.runtime.registry import RUNTIMES
 
@@ -339,6 +340,7 @@ def is_flag(word: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    work_begins()  # its imports are done: a Ctrl-C now raises KeyboardInterrupt
     parser = make_parser()
     own, passed = split_passed_flags(sys.argv[1:] if argv is None else list(argv))
     args = parser.parse_args(own)

@@ -41,6 +41,7 @@ from torchbeast.curves import (
     last_100_column,
     read_logs_checked,
 )
+from torchbeast.entry import work_begins
 
 # Columns taken from a span's last row: its place, and the running figures (the mean of
 # the last 100 episodes is the console's figure at that row already, the best so far too).
@@ -114,6 +115,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    work_begins()  # its imports are done: a Ctrl-C now raises KeyboardInterrupt
     parser = make_parser()
     args = parser.parse_args(argv)
     try:

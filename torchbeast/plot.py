@@ -40,6 +40,7 @@ from torchbeast.curves import (
     smooth,
     sps_curve,
 )
+from torchbeast.entry import work_begins
 
 DEFAULT_SAVEDIR = "~/logs/torchbeast"
 DEFAULT_SMOOTH = 1  # the 100-episode mean needs none
@@ -254,6 +255,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit code."""
+    work_begins()  # its imports are done: a Ctrl-C now raises KeyboardInterrupt
     parser = _parser()
     try:
         args = parser.parse_args(argv)

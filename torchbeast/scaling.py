@@ -33,6 +33,7 @@ from torchbeast.config.parsers import make_bench_parser, make_mono_parser
 from torchbeast.config.resolvers import RECIPE, default_layout, grown_batch
 from torchbeast.config.values import nonnegative_int, positive_int
 from torchbeast.core.errors import unwritable
+from torchbeast.entry import work_begins
 from torchbeast.runtime.processes import sigterm_as_ctrl_c
 from torchbeast.runtime.registry import RUNTIMES
 
@@ -211,6 +212,7 @@ def header(stage_names: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    work_begins()  # its imports are done: a Ctrl-C now raises KeyboardInterrupt
     flags, passed = make_parser().parse_known_args(argv)
     cores = len(os.sched_getaffinity(0))
     layouts = flags.layouts or default_layouts(cores)

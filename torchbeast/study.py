@@ -60,6 +60,7 @@ from torchbeast.config.argparser import FlagParser
 from torchbeast.config.resolvers import default_layout, expand_savedir, unset_variable
 from torchbeast.core.errors import os_error_line
 from torchbeast.curves import LOGS_NAME, best_last_100_curve, read_logs, return_last_100_curve
+from torchbeast.entry import work_begins
 from torchbeast.runtime.processes import (
     child_dies_with_parent,
     further_stops_said,
@@ -997,6 +998,7 @@ def remove_if_unused(folder: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    work_begins()  # its imports are done: a Ctrl-C now raises KeyboardInterrupt
     args = make_parser().parse_args(argv)
     sigterm_as_ctrl_c()
     try:

@@ -33,6 +33,7 @@ from matplotlib.ticker import NullFormatter
 from torchbeast.config.argparser import FlagParser
 from torchbeast.core.errors import unwritable
 from torchbeast.curves import read_logs, return_last_100_curve
+from torchbeast.entry import work_begins
 from torchbeast.study import SPEC_NAME, StudyError, label, read_study
 
 CAPACITY_AXES = ("hidden_size", "num_layers", "torso", "use_resnet", "use_lstm")
@@ -330,6 +331,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    work_begins()  # its imports are done: a Ctrl-C now raises KeyboardInterrupt
     args = make_parser().parse_args(argv)
     try:
         for flag_name in ("out", "curves", "heatmap"):
