@@ -430,6 +430,37 @@ def test_only_a_minatar_id_imports_minatar():
     assert shown.stdout.split() == ["False", "True"], shown.stderr
 
 
+def test_minatars_display_modules_load_only_when_a_picture_is_drawn():
+    """MinAtar's package imports seaborn (and with it scipy) and matplotlib's pyplot for its
+    display: 2.1-2.5 s in every process of a MinAtar run, which draws no picture."""
+    program = """
+import sys
+import numpy as np
+from torchbeast.envs import create_env
+env = create_env("MinAtar/Breakout-v1", num_envs=2)
+env.reset(seed=1)
+for _ in range(20):
+    env.step(np.zeros(2, dtype=np.int64))
+env.close()
+import torch  # its import reads every module's __file__ (inspect.getmodule), as a run's does
+# What seaborn and pyplot import (the names stand in for them until then).
+print(sorted({"scipy", "seaborn.palettes", "matplotlib._pylab_helpers"} & set(sys.modules)))
+env = create_env("MinAtar/Breakout-v1", render="rgb_array")
+env.reset(seed=1)
+picture = env.frame()  # MinAtar draws it with seaborn's palette
+print(picture.shape, float(picture.max()) > 0, "scipy" in sys.modules)
+import matplotlib.pyplot as plt
+print(callable(plt.figure), "matplotlib._pylab_helpers" in sys.modules)
+"""
+    shown = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == ["[]", "(10, 10, 3) True True", "True True"], (
+        shown.stdout + shown.stderr
+    )
+
+
 def test_a_large_seed_stays_within_ales_32_bit_seeds(make_env):
     from torchbeast.envs import worker_seed
 
