@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from tests.test_monobeast import alive
@@ -16,6 +17,7 @@ from torchbeast.runtime.supervision import (
     Supervised,
     join_or_kill,
     last_line,
+    python_children_ignore,
     signals_blocked,
 )
 
@@ -81,6 +83,23 @@ def test_a_child_started_with_stop_signals_blocked_inherits_the_mask():
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
     assert {signal.SIGINT, signal.SIGTERM} <= set(queue.get(timeout=60))
     child.join(30)
+
+
+def test_a_stop_signal_waiting_as_children_start_ignoring_it_still_comes():
+    # Setting SIG_IGN discards a signal that waits: a SIGTERM sent as a run started its
+    # fork server was lost, and the run went on.
+    caught = []
+    previous = signal.signal(signal.SIGTERM, lambda number, frame: caught.append(number))
+    try:
+        with signals_blocked({signal.SIGTERM}):  # as if it came as the block began
+            # To this thread: another one (of an earlier test) might take the process's.
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+            with python_children_ignore((signal.SIGTERM,)):
+                assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+                assert caught == []
+        assert caught == [signal.SIGTERM]  # once, with its handler back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

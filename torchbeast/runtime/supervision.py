@@ -238,6 +238,9 @@ def python_children_ignore(signals: Collection[int] = (signal.SIGINT,)) -> Itera
     main = threading.current_thread() is threading.main_thread()
     previous = {number: signal.getsignal(number) for number in signals} if main else {}
     with signals_blocked({*STOP_SIGNALS, *signals}):
+        # Ignoring a signal discards it where it waits: one that came since the block
+        # began (a SIGTERM lost, a run that would not stop) is raised again at the end.
+        waiting = signal.sigpending() & set(previous)
         for number, handler in previous.items():
             if handler is not None:
                 signal.signal(number, signal.SIG_IGN)
@@ -247,6 +250,8 @@ def python_children_ignore(signals: Collection[int] = (signal.SIGINT,)) -> Itera
             for number, handler in previous.items():
                 if handler is not None:
                     signal.signal(number, handler)
+            for number in waiting:  # blocked still: it waits for the block's end
+                signal.raise_signal(number)
 
 
 def forked_children(preload: Iterable[str], fork_here: bool = True) -> mp.context.BaseContext:
