@@ -556,7 +556,7 @@ def test_a_peer_that_breaks_the_loss_again_and_again_neither_stops_nor_stalls_th
             "torchbeast.polybeast_env", *ENV, "--connect", address, "--num_servers", "1",
             log=tmp_path / "client.log",
         )  # fmt: skip
-        wait_for(lambda: sum(logged_steps(tmp_path / "r")[-1:]) > 4000, 120, "learning to go on")
+        wait_for(lambda: sum(logged_steps(tmp_path / "r")[-1:]) > 1500, 120, "learning to go on")
     finally:
         stop.set()
         flood.join(timeout=60)
