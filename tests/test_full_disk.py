@@ -4,6 +4,7 @@ mounts (it needs root, as CI has)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 
@@ -93,3 +94,19 @@ def test_a_fields_csv_that_cannot_be_written_is_named_as_the_run_stops(tmp_path)
         assert str(error.value).startswith(f"cannot write {tmp_path / 'r' / 'fields.csv'} (")
     finally:
         writer.close()
+
+
+def test_a_cells_record_that_fills_the_disk_leaves_the_one_before_whole(small_disk):
+    # Written in place, it was cut short: read back as no record, the finished cell
+    # trained again.
+    from torchbeast.study import read_state, write_state
+
+    write_state(small_disk, {"status": "finished", "seconds": 12.5})
+    filler = small_disk / "filler"
+    with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+    with pytest.raises(OSError, match="No space left on device"):
+        write_state(small_disk, {"status": "finished", "error": "x" * 100_000})
+    assert read_state(small_disk) == {"status": "finished", "seconds": 12.5}
+    assert sorted(path.name for path in small_disk.iterdir()) == ["filler", "study_cell.json"]

@@ -236,6 +236,30 @@ def test_a_cell_that_fails_is_recorded_and_the_others_go_on(tmp_path):
         (("hidden_size = [16, 32]", "hidden_size = [16, 32]\ndisable_checkpoint = [true]"),
          "the cells' training sets disable_checkpoint = true, but each cell's evaluation "
          "plays"),
+        # A dash, as the flags file takes it: it got past the checks of the underscore.
+        (("hidden_size = [16, 32]", 'hidden_size = [16, 32]\nr = [{name = "a", '
+          "disable-checkpoint = true}]"), "the cells' training sets disable_checkpoint = "
+         "true, but each cell's evaluation plays"),
+        (("hidden_size = [16, 32]", 'hidden_size = [16, 32]\nr = [{name = "a", '
+          "batch-size = 4, batch_size = 8}]"), "the set 'a' of axis r sets batch-size and "
+         "batch_size, one flag: keep one"),
+        (("total_steps = 800", "total_steps = 800\nbatch-size = 4"), "[flags] sets "
+         "batch_size and batch-size, one flag: keep one"),
+        # Its rows' "steps" column overwrote the set's name, so no plot found the cells.
+        (("hidden_size = [16, 32]", 'hidden_size = [16, 32]\nsteps = [{name = "short", '
+          "total_steps = 400}]"), "axis steps: the study's table (study.csv) has a column of "
+         "its own by that name"),
+        (("hidden_size = [16, 32]", "hidden_size = [16, 32]\neval_x = [1]"), "axis eval_x: "
+         "the study's table"),
+        # Its help went to the console and the line after it was a traceback.
+        (("num_episodes = 2", "num_episodes = 2\nhelp = true"), "help = True: a cell's run "
+         "would print its help and end"),
+        (("num_episodes = 2", 'num_episodes = 2\nconfig = "my.toml"'), "config = 'my.toml': "
+         "the study writes each cell's flags file itself"),
+        # The folder a Ray cluster copies the cell a-b back into, which it deleted.
+        (("hidden_size = [16, 32]", 'hidden_size = [16, 32]\na = ["b", "b.incoming"]'),
+         "the cell hidden_size-16_a-b.incoming's folder name ends as the folders a Ray "
+         "cluster copies cells back into"),
     ],
 )  # fmt: skip
 def test_what_no_cell_could_take_is_one_line_before_anything_runs(tmp_path, change, said):
@@ -356,6 +380,123 @@ def test_a_study_whose_evaluation_changed_evaluates_its_finished_cells_again(tmp
     assert "finished before, skipped" in run_study(path).stdout  # and once is enough
 
 
+def finish_by_hand(cell, random_return: float | None = None) -> None:
+    """Leaves ``cell`` as a study leaves one that trained and was evaluated: its flags,
+    its record, its eval.json (and eval_random.json)."""
+    from torchbeast.study import write_state
+
+    cell.write_flags()
+    record = {"status": "finished", "seconds": 1.0, "evaluated": cell.job().evaluation_record()}
+    write_state(cell.folder, record)
+    (cell.folder / "eval.json").write_text(json.dumps({"step": 800, "return": {"mean": 9.0}}))
+    if random_return is not None:
+        report = {"return": {"mean": random_return}}
+        (cell.folder / "eval_random.json").write_text(json.dumps(report))
+
+
+def test_a_study_moved_or_its_savedir_spelled_another_way_keeps_its_cells(tmp_path):
+    # Its savedir was part of what the study is: "runs/" for "runs", or the study moved to
+    # another disk, was "another study", and the line said to move its folder away.
+    from torchbeast.study import StudyError, claim_folder, read_study, write_table
+
+    path = write_study(tmp_path, "seed = [1, 2]")
+    grid = claim_folder(read_study(path))
+    finish_by_hand(grid.cells()[0])
+    write_table(grid, grid.cells())
+    (tmp_path / "disk").mkdir()
+    shutil.move(tmp_path / "runs", tmp_path / "disk" / "runs")
+    old = f'savedir = "{tmp_path / "runs"}"'
+    for savedir in (f"{tmp_path}/disk/runs/", f"{tmp_path}/disk/./runs"):
+        edit_study(path, old, f'savedir = "{savedir}"')
+        old = f'savedir = "{savedir}"'
+        moved = claim_folder(read_study(path))
+        assert moved.folder == tmp_path / "disk" / "runs" / "grid"
+        assert [cell.finished() for cell in moved.cells()] == [True, False]
+        write_table(moved, moved.cells())
+    edit_study(path, "total_steps = 800", "total_steps = 900")  # this is another study
+    with pytest.raises(StudyError, match="holds another study .its study.json has other flags"):
+        claim_folder(read_study(path))
+
+
+def test_the_table_is_strict_json_and_shows_only_the_evaluations_the_study_makes(tmp_path):
+    from torchbeast.study import SPEC_NAME, claim_folder, read_study, write_table
+
+    path = write_study(tmp_path, "seed = [1, 2]")
+    grid = claim_folder(read_study(path))
+    finish_by_hand(grid.cells()[0], random_return=2.0)
+    first, _ = write_table(grid, grid.cells())
+    assert first["eval_return"] == 9.0 and first["random_return"] == 2.0
+
+    def no_constants(name: str) -> None:
+        raise ValueError(f"{name} is no JSON")
+
+    # A cell not run yet took NaN seconds, which jq and JavaScript refuse.
+    spec = json.loads((grid.folder / SPEC_NAME).read_text(), parse_constant=no_constants)
+    not_run = spec["cells"][1]
+    assert not_run["status"] == "not run" and not_run["seconds"] is None
+    assert table(tmp_path)[1]["seconds"] == "nan"
+    # Turned off, the random policy's figures of earlier evaluations are left out.
+    edit_study(path, 'runtime = "mono"', 'random_policy = false\nruntime = "mono"')
+    grid = claim_folder(read_study(path))
+    rows = write_table(grid, grid.cells())
+    assert rows[0]["eval_return"] == 9.0
+    assert not [column for row in rows for column in row if column.startswith("random_")]
+
+
+def test_a_cell_folder_a_crash_left_mid_replacement_is_whole_again(tmp_path):
+    # A Ray cluster's copy of a cell coming back: the old folder renamed out of the way,
+    # then the new one into its place. A crash between the two left neither in place, and
+    # the next command trained the cell anew and deleted the copy that held its work.
+    from torchbeast.study import claim_folder, read_study, write_table
+
+    path = write_study(tmp_path, "seed = [1, 2]")
+    grid = claim_folder(read_study(path))
+    for cell in grid.cells():
+        finish_by_hand(cell)
+    write_table(grid, grid.cells())
+    folder = grid.cells()[0].folder
+    shutil.copytree(folder, folder.with_name(folder.name + ".outgoing"))  # the old one
+    (folder / "new").write_text("trained on the node")
+    folder.rename(folder.with_name(folder.name + ".incoming"))  # the new one, not in place
+    done = warm_start.run(study_command(path), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("finished before, skipped") == 2
+    assert (folder / "new").read_text() == "trained on the node"
+    assert sorted(path.name for path in folder.parent.iterdir()) == [
+        ".study.lock", "seed-1", "seed-2", "study.csv", "study.json"
+    ]  # fmt: skip
+
+
+def test_a_table_that_cannot_be_written_as_a_cell_ends_costs_no_other_cell(tmp_path):
+    # A full disk as the first cell ended: the error left the cell's thread, and the study
+    # stopped every cell it ran.
+    from torchbeast.study import Progress, Runner, claim_folder, read_study, write_state
+
+    grid = claim_folder(read_study(write_study(tmp_path, "seed = [1, 2, 3]")))
+
+    class Recording:  # cells that end at once, as they would after training
+        parallel, where, starting = 1, "here", "training"
+
+        def run(self, cell, started):
+            started()
+            write_state(cell.folder, {"status": "finished"})
+            return {"status": "finished"}
+
+        def stop(self) -> None:
+            raise AssertionError("the study stopped its cells")
+
+    writes = []
+
+    def table_on_a_full_disk(progress: Progress) -> None:
+        writes.append(set(progress.running))
+        if len(writes) == 2:  # as the first cell ends
+            raise OSError(28, "No space left on device")
+
+    Runner(Recording(), table_on_a_full_disk).run(grid.cells())
+    assert [cell.state()["status"] for cell in grid.cells()] == ["finished"] * 3
+    assert len(writes) == 6
+
+
 def test_a_damaged_study_json_is_one_line_and_is_left_as_it_is(tmp_path):
     from torchbeast.study import SPEC_NAME, StudyError, claim_folder, read_study
 
@@ -454,6 +595,36 @@ def test_a_cell_folder_sent_back_replaces_the_old_one_but_keeps_the_replay(tmp_p
     assert (cell / "model.tar").read_bytes() == b"new checkpoint"
     assert (cell / "replay.tar").read_bytes() == b"the study's replay"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cell", "sent"]  # nothing aside
+
+
+@pytest.mark.parametrize("cut_off", [".incoming", ".outgoing"])
+def test_a_replacement_cut_off_at_any_rename_is_finished_with_the_new_files(
+    tmp_path, monkeypatch, cut_off
+):
+    from torchbeast import study_cluster
+    from torchbeast.study import finish_replacing
+
+    sent = tmp_path / "sent"
+    sent.mkdir()
+    (sent / "model.tar").write_bytes(b"new checkpoint")
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    (cell / "model.tar").write_bytes(b"old checkpoint")
+    real_replace = os.replace
+
+    def crash_at_the_rename(source, target) -> None:  # the head killed at that point
+        if str(target).endswith(cut_off) or str(source).endswith(cut_off):
+            raise KeyboardInterrupt
+        real_replace(source, target)
+
+    monkeypatch.setattr(study_cluster.os, "replace", crash_at_the_rename)
+    with pytest.raises(KeyboardInterrupt):
+        study_cluster.replace_folder(cell, study_cluster.pack(sent))
+    monkeypatch.undo()
+    finish_replacing(cell)
+    whole = b"old checkpoint" if cut_off == ".outgoing" else b"new checkpoint"
+    assert (cell / "model.tar").read_bytes() == whole  # the old folder, or the new one
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cell", "sent"]
 
 
 def test_a_node_sees_a_shared_study_folder_by_its_token(tmp_path):

@@ -45,6 +45,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,6 +79,7 @@ CELL_FLAGS = "study_flags.toml"  # in a cell's folder: the flags it trains with
 CELL_STATE = "study_cell.json"  # in a cell's folder: how the cell ended
 CELL_LOG = "study.log"  # in a cell's folder: its commands' console output
 LOCK_NAME = ".study.lock"  # in the study's folder: held while a command runs the study
+REPLACING = (".incoming", ".outgoing")  # beside a cell's folder while a cluster replaces it
 
 
 class StudyError(Exception):
@@ -223,7 +225,47 @@ def read_state(folder: Path) -> dict:
 def write_state(folder: Path, state: dict) -> None:
     """Records how the cell in ``folder`` ended (``CELL_STATE``)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / CELL_STATE).write_text(json.dumps(state, indent=2) + "\n")
+    write_whole(folder / CELL_STATE, json.dumps(state, indent=2) + "\n")
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Writes ``path`` whole or not at all: a crash or a full disk midway leaves the old
+    file (a half-written record read as none retrained a finished cell), and a table read
+    while it is written is the old one or the new one."""
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+
+
+def replacing(folder: Path) -> tuple[Path, Path]:
+    """Where ``study_cluster.replace_folder`` puts a cell folder's new files (``incoming``)
+    and its old ones (``outgoing``) as it replaces it, beside it."""
+    incoming, outgoing = (folder.with_name(folder.name + ending) for ending in REPLACING)
+    return incoming, outgoing
+
+
+def finish_replacing(folder: Path) -> None:
+    """Finishes a cell folder's replacement that a crash cut off between its renames (the
+    folder gone, its files in the new copy, or in the old one): the folder holds them
+    again, not the next run's fresh start, which had deleted them."""
+    incoming, outgoing = replacing(folder)
+    if not folder.exists() and outgoing.is_dir():
+        # The new copy was whole before the old folder moved out of the way.
+        os.replace(incoming if incoming.is_dir() else outgoing, folder)
+    if folder.is_dir():  # what a replacement left beside it
+        for leftover in (incoming, outgoing):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def json_safe(value: object) -> object:
+    """``value``, a NaN or infinite float as null: JSON has no NaN, and jq and JavaScript
+    refuse the ``NaN`` Python's json writes."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,7 +408,7 @@ def read_study(path: str) -> Study:
     runtime = table.get("runtime", "mono")
     if runtime not in RUNTIMES:
         raise StudyError(f"{path}: runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
-    axes = {name.replace("-", "_"): values for name, values in table.get("axes", {}).items()}
+    axes = underscored(path, "[axes]", table.get("axes", {}))
     for name, values in axes.items():
         if not isinstance(values, list) or not values:
             raise StudyError(f"{path}: axis {name} must be a list of values, e.g. [64, 256]")
@@ -376,11 +418,26 @@ def read_study(path: str) -> Study:
                     f"{path}: axis {name}: a set of flags needs a name, e.g. "
                     '{ name = "fuel5", fuel_multiplier = 5.0 }'
                 )
-    flags = {name.replace("-", "_"): value for name, value in table.get("flags", {}).items()}
+        # A named set's flags as its cells' flags file reads them (disable-checkpoint is
+        # disable_checkpoint), so that the checks below see what the cells will run with.
+        axes[name] = [
+            underscored(path, f"the set {value['name']!r} of axis {name}", value)
+            if isinstance(value, dict)
+            else value
+            for value in values
+        ]
+    for name in axes:
+        if name in TABLE_COLUMNS or name.startswith(FIGURE_PREFIXES):
+            raise StudyError(
+                f"{path}: axis {name}: the study's table ({TABLE_NAME}) has a column of its "
+                f"own by that name ({', '.join(TABLE_COLUMNS)}, and eval_ and random_ "
+                "figures): give the axis another name"
+            )
+    flags = underscored(path, "[flags]", table.get("flags", {}))
     overlap = sorted(set(flags) & set(axes))
     if overlap:
         raise StudyError(f"{path}: {overlap[0]} is both a flag and an axis: keep one")
-    eval_flags = {name.replace("-", "_"): value for name, value in table.get("eval", {}).items()}
+    eval_flags = underscored(path, "[eval]", table.get("eval", {}))
     check_values(path, flags, axes, eval_flags)
     if not flags and not axes:  # an empty file trained Pong for 5M steps
         raise StudyError(f"{path} has no [flags] and no [axes]: nothing to study")
@@ -404,6 +461,27 @@ def read_study(path: str) -> Study:
     return study
 
 
+def underscored(path: str, where: str, table: dict) -> dict:
+    """``table`` with its keys as flags are named (batch-size is batch_size, as the flags
+    file reads it); StudyError where two of its keys name one flag (one would be lost)."""
+    named: dict[str, str] = {}
+    for key in table:
+        name = key.replace("-", "_")
+        if name in named:
+            raise StudyError(f"{path}: {where} sets {named[name]} and {key}, one flag: keep one")
+        named[name] = key
+    return {name: table[key] for name, key in named.items()}
+
+
+# The table's own columns besides the axes' (``cell_row``): an axis of one of these names
+# would be overwritten in its rows, and its figures and plots would match no cell.
+TABLE_COLUMNS = (
+    "cell", "status", "error", "seconds", "node", "steps", "train_return_last_100",
+    "train_return_best_100", "parameters",
+)  # fmt: skip
+FIGURE_PREFIXES = ("eval_", "random_")
+
+
 # Keys a study sets for each evaluation itself: in [eval] they would undo it.
 EVAL_OWN_KEYS = {
     "mode": "each cell's evaluation is --mode eval",
@@ -411,6 +489,15 @@ EVAL_OWN_KEYS = {
     "or false at the top of the file, before any [table]",
     "savedir": "the cells are in the study's folder",
     "xpid": "each cell's name is its folder's",
+}
+
+
+# Flags about reading a command line, which no cell's run may take: why.
+COMMAND_LINE_KEYS = {
+    "help": "a cell's run would print its help and end: see python -m torchbeast.monobeast "
+    "--help (or .polybeast, .raybeast)",
+    "print_settings": "a cell's run would print its settings and end: leave it out",
+    "config": "the study writes each cell's flags file itself: put the file's flags in [flags]",
 }
 
 
@@ -447,6 +534,8 @@ def check_values(
                     )
     trained = [*flags.items(), *from_axes]
     for name, value in [*trained, *eval_flags.items()]:
+        if name in COMMAND_LINE_KEYS:
+            raise StudyError(f"{path}: {name} = {value!r}: {COMMAND_LINE_KEYS[name]}")
         try:
             toml_value(value)
         except StudyError as error:
@@ -522,7 +611,8 @@ def parse_cell_command(
             # Its folder is made later: its --video's folder too.
             return parse_command(parser, command[3:], cell.study.runtime, check_files=False)
     except SystemExit:
-        line = refused.getvalue().strip().splitlines()[-1]
+        lines = refused.getvalue().strip().splitlines()
+        line = lines[-1] if lines else "it ends before it runs (exit code 0)"
         reason = line.partition(" error: ")[2].rpartition("; see ")[0] or line
         reason = reason.replace(f"--config {flags_file}: ", "")  # a passing file
         raise StudyError(f"{path}: cell {cell.name}'s {what}: {reason}") from None
@@ -549,6 +639,12 @@ def refuse_shared_folders(path: str, cells: list[Cell]) -> None:
     training into the same files): a repeated value, or values of one folder name."""
     seen: dict[str, Cell] = {}
     for cell in cells:
+        if cell.name.endswith(REPLACING):  # another cell's folder, as a cluster replaces it
+            raise StudyError(
+                f"{path}: the cell {cell.name}'s folder name ends as the folders a Ray "
+                f"cluster copies cells back into ({' and '.join(REPLACING)}): give its "
+                "axis values another ending"
+            )
         if cell.name in seen:
             first, second = (
                 ", ".join(f"{axis} = {value!r}" for axis, value in each.labels.items())
@@ -674,11 +770,19 @@ def spec_differences(recorded: dict, spec: dict) -> str:
             same = {a: as_set(v) for a, v in recorded["axes"].items()} == {
                 a: as_set(v) for a, v in spec["axes"].items()
             }
+        elif key == "flags":  # not where the study is: the folder it is read from says that
+            same = without_savedir(recorded.get(key)) == without_savedir(spec[key])
         else:
             same = recorded.get(key) == spec[key]
         if not same:
             differs.append("[resources]" if key == "resources" else key)
     return ", ".join(differs)
+
+
+def without_savedir(flags: object) -> object:
+    """A study's flags but its savedir: the same folder spelled another way ("runs/" and
+    "runs"), or the study moved with its folder to another disk, is the same study."""
+    return {k: v for k, v in flags.items() if k != "savedir"} if isinstance(flags, dict) else flags
 
 
 @contextlib.contextmanager
@@ -819,7 +923,10 @@ class Runner:
         where = f" on {state['node']}" if "node" in state else ""
         error = f" ({state['error']})" if state.get("error") else ""
         with self.print_lock:
-            self.on_change(self.progress)
+            # The table unwritable (a full disk) costs no other cell; the next write, or the
+            # study's last, says so.
+            with contextlib.suppress(OSError):
+                self.on_change(self.progress)
             say(f"{cell.name}: {state['status']}{where}{error}")
 
     def run(self, cells: list[Cell]) -> None:
@@ -867,7 +974,10 @@ def cell_row(cell: Cell, progress: Progress | None = None) -> dict[str, object]:
         row["train_return_best_100"] = float(best_last_100_curve(logs)[-1])
     except (OSError, ValueError, KeyError, IndexError):
         pass
-    for file, prefix in (("eval.json", "eval_"), ("eval_random.json", "random_")):
+    evaluations = [("eval.json", "eval_")]
+    if cell.study.random_policy:  # one of an earlier [eval] with it stays unread
+        evaluations.append(("eval_random.json", "random_"))
+    for file, prefix in evaluations:
         try:
             report = json.loads((cell.folder / file).read_text())
         except (OSError, ValueError):
@@ -886,14 +996,16 @@ def write_table(study: Study, cells: list[Cell], progress: Progress | None = Non
     its rows."""
     rows = [cell_row(cell, progress) for cell in cells]
     columns = list(dict.fromkeys(name for row in rows for name in row))
-    with open(study.folder / TABLE_NAME, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-    spec = {"study": study.spec(), "cells": rows}
-    temporary = study.folder / (SPEC_NAME + ".tmp")
-    temporary.write_text(json.dumps(spec, indent=2, default=str) + "\n")
-    os.replace(temporary, study.folder / SPEC_NAME)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=columns, restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_whole(study.folder / TABLE_NAME, text.getvalue())
+    # NaN figures (no 100 episodes yet, a cell not run) as null; the axes' values as given,
+    # the spec's and the rows' alike (the study is known by them, the plots match them).
+    figures = [{k: v if k in study.axes else json_safe(v) for k, v in row.items()} for row in rows]
+    spec = {"study": study.spec(), "cells": figures}
+    write_whole(study.folder / SPEC_NAME, json.dumps(spec, indent=2, default=str) + "\n")
     return rows
 
 
@@ -970,6 +1082,8 @@ def run_study(args: argparse.Namespace) -> tuple[Study, list[dict]]:
     progress = Progress()
     try:
         with only_run_of(study):
+            for cell in cells:
+                finish_replacing(cell.folder)
             try:
                 with executor_for(study, args, len(cells)) as executor:
                     write_table(study, cells)  # the folder says what it holds from the start

@@ -49,8 +49,10 @@ from torchbeast.study import (
     Study,
     StudyError,
     earlier_record,
+    replacing,
     train_and_evaluate,
     write_state,
+    write_whole,
 )
 
 TOKEN_NAME = ".study_token"  # in the study's folder: how a node tells it sees the folder
@@ -77,11 +79,11 @@ def unpack(archive: bytes, folder: Path) -> None:
 def replace_folder(folder: Path, archive: bytes) -> None:
     """``folder`` becomes what ``archive`` holds; a crash midway leaves the old folder, or
     the new one, never a mix (files a run wrote in the old one are not lost: the archive
-    started as a copy of it)."""
-    incoming = folder.with_name(folder.name + ".incoming")
+    started as a copy of it); one between the two renames leaves both beside it, and the
+    study's next command puts the new one back (``finish_replacing``)."""
+    incoming, outgoing = replacing(folder)
     shutil.rmtree(incoming, ignore_errors=True)
     unpack(archive, incoming)
-    outgoing = folder.with_name(folder.name + ".outgoing")
     shutil.rmtree(outgoing, ignore_errors=True)
     for name in LEFT_BEHIND:  # kept where they are
         if (folder / name).exists():
@@ -102,7 +104,7 @@ def study_token(study: Study) -> str:
     """The random token in the study's folder (written the first time)."""
     path = study.folder / TOKEN_NAME
     if not path.exists():
-        path.write_text(uuid.uuid4().hex)
+        write_whole(path, uuid.uuid4().hex)
     return path.read_text().strip()
 
 
