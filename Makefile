@@ -49,7 +49,6 @@ format: $(STAMP)
 	$(PY) -m ruff format torchbeast tests
 	$(PY) -m ruff check --fix torchbeast tests
 
-# Regenerate the flag reference in README.md from the parser.
 # Regenerate the manual's tables from the parsers, then build the manual into site/ (strict:
 # a broken link or anchor fails).
 docs: $(STAMP)

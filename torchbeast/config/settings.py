@@ -172,14 +172,16 @@ class ActorSettings:
     num_actors: int | None = flag(
         None,
         "Number of actors (default: half the machine's cores, at least 2 where it has "
-        "2; the run's log says which layout it chose).",
+        "2, or one per core where the learner is on a GPU; the run's log says which "
+        "layout it chose).",
         metavar="N",
         check="positive",
     )
     envs_per_actor: int | None = flag(
         None,
         "(new) Environments each actor steps, with one batched forward pass for all "
-        f"(default: {DEFAULT_ENVS_PER_ACTOR}, so 2 x 8 on 2 cores and 8 x 8 on 16; "
+        f"(default: {DEFAULT_ENVS_PER_ACTOR}, so 2 x 8 on 2 cores and 8 x 8 on 16, "
+        "16 x 8 with a GPU; "
         "1 if only --num_actors is given, as in the original).",
         metavar="N",
         check="positive",
