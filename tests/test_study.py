@@ -769,6 +769,27 @@ def test_a_finished_cell_of_an_earlier_release_is_evaluated_again_after_eval_cha
     assert report["num_episodes"] == 3
 
 
+@pytest.mark.parametrize("random_policy", [True, False])
+def test_a_study_folder_of_the_first_releases_is_the_same_study(tmp_path, random_policy):
+    # Their study.json had no [resources] (refused as "other [resources]") and no
+    # random_policy (taken as evaluated with a random policy, which they had not).
+    from torchbeast.study import SPEC_NAME, claim_folder, read_study, write_state, write_table
+
+    path = write_study(tmp_path, "seed = [1]")
+    grid = claim_folder(read_study(path))
+    cell = grid.cells()[0]
+    finish_by_hand(cell)
+    write_state(cell.folder, {"status": "finished", "seconds": 1.0})  # no evaluations named
+    write_table(grid, grid.cells())
+    spec = json.loads((grid.folder / SPEC_NAME).read_text())
+    del spec["study"]["resources"], spec["study"]["random_policy"]
+    (grid.folder / SPEC_NAME).write_text(json.dumps(spec))
+    if not random_policy:
+        edit_study(path, 'runtime = "mono"', 'random_policy = false\nruntime = "mono"')
+    (cell,) = claim_folder(read_study(path)).cells()
+    assert cell.finished() is not random_policy  # a random policy to evaluate, or none
+
+
 def test_legitimate_values_of_the_studys_own_flags_and_a_video_folder_are_taken(tmp_path):
     from torchbeast.study import claim_folder, read_study
 

@@ -742,7 +742,8 @@ def record_earlier_evaluations(study: Study, recorded: dict) -> None:
     earlier = dataclasses.replace(
         study,
         eval_flags=recorded.get("eval", study.eval_flags),
-        random_policy=recorded.get("random_policy", study.random_policy),
+        # A release before random_policy had no random policy's evaluation.
+        random_policy=recorded.get("random_policy", False),
     )
     for cell in earlier.cells():
         state = cell.state()
@@ -753,6 +754,8 @@ def record_earlier_evaluations(study: Study, recorded: dict) -> None:
 # What a study may change and stay the same study: how its cells are evaluated (finished
 # cells play again, ``Cell.finished``), not how they train.
 EVALUATION_KEYS = ("eval", "random_policy")
+# What a study's cells ran with before its folder recorded the key: [resources]'s defaults.
+BEFORE_THEIR_KEY = {"resources": dataclasses.asdict(Resources())}
 
 
 def spec_differences(recorded: dict, spec: dict) -> str:
@@ -760,7 +763,16 @@ def spec_differences(recorded: dict, spec: dict) -> str:
     for the same: an axis's values in another order are the same values."""
 
     def as_set(values: list) -> list[str]:
-        return sorted(json.dumps(value, sort_keys=True) for value in values)
+        # A set's flags with dashes, as an earlier release recorded them, are the same flags.
+        return sorted(
+            json.dumps(
+                {k.replace("-", "_"): v for k, v in value.items()}
+                if isinstance(value, dict)
+                else value,
+                sort_keys=True,
+            )
+            for value in values
+        )
 
     differs = []
     for key in spec:
@@ -772,8 +784,8 @@ def spec_differences(recorded: dict, spec: dict) -> str:
             }
         elif key == "flags":  # not where the study is: the folder it is read from says that
             same = without_savedir(recorded.get(key)) == without_savedir(spec[key])
-        else:
-            same = recorded.get(key) == spec[key]
+        else:  # a key the release that wrote it had not: what its cells ran with
+            same = recorded.get(key, BEFORE_THEIR_KEY.get(key)) == spec[key]
         if not same:
             differs.append("[resources]" if key == "resources" else key)
     return ", ".join(differs)
