@@ -35,7 +35,7 @@ test: $(STAMP)
 	$(PY) -m pytest -m ray $(ARGS) || [ $$? -eq 5 ]
 
 # Learning checks: short runs (PixelCue, CartPole, CartPole with LASER, MinAtar Breakout) each
-# printed against its band, 5-12 minutes on 2 cores; ARGS=pong-early runs Pong's (~21 min).
+# printed against its band, about 13 minutes on 2 cores; ARGS=pong-early runs Pong's (~21 min).
 learn: $(STAMP)
 	$(PY) -m torchbeast.learncheck $(ARGS)
 

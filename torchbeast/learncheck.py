@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m torchbeast.learncheck                 # the default checks, 3-6 min on 2 cores
+    python -m torchbeast.learncheck                 # the default checks, ~13 min on 2 cores
     python -m torchbeast.learncheck pixelcue cartpole pong-early
     python -m torchbeast.learncheck --runtime ray cartpole cartpole-laser
 
