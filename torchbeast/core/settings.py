@@ -96,7 +96,7 @@ class ModelSettings:
         "(new) What the torso's convolutions and matrix products compute in; weights, "
         "core, heads and losses stay fp32. auto: bf16 for the conv torsos (AtariNet, "
         "ResNet) on a CPU with native bf16 (AVX512-BF16 or AMX), where the recipe runs "
-        "1.4-1.5x faster on 2 cores; fp32 elsewhere, GPUs included. fp32: the computation "
+        "1.4-1.6x faster on 2 cores; fp32 elsewhere, GPUs included. fp32: the computation "
         "of releases before bf16.",
     )
 
