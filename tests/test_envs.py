@@ -372,6 +372,10 @@ def test_an_episode_extra_missing_from_the_steps_info_is_one_clear_error():
         "proxy_return",
         "return_per_step",
         "true_return_per_step",
+        # eval.json's own fields: the extra's figure took their place.
+        "actions",
+        "episodes",
+        "reward_proxy",
     ],
 )
 def test_an_episode_extra_that_would_clash_with_a_figure_of_ours_is_refused(name):

@@ -102,11 +102,35 @@ def test_a_cells_record_that_fills_the_disk_leaves_the_one_before_whole(small_di
     from torchbeast.study import read_state, write_state
 
     write_state(small_disk, {"status": "finished", "seconds": 12.5})
-    filler = small_disk / "filler"
-    with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
-        while True:
-            f.write(b"\0" * 4096)
+    fill(small_disk)
     with pytest.raises(OSError, match="No space left on device"):
         write_state(small_disk, {"status": "finished", "error": "x" * 100_000})
     assert read_state(small_disk) == {"status": "finished", "seconds": 12.5}
     assert sorted(path.name for path in small_disk.iterdir()) == ["filler", "study_cell.json"]
+
+
+def fill(disk) -> None:
+    """Fills ``disk`` to its last byte."""
+    with open(disk / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+
+
+def test_a_light_log_that_fills_the_disk_leaves_the_one_before_whole(small_disk, capsys):
+    # Written in place, it was emptied first and then cut short.
+    from torchbeast import lightlog
+
+    full = small_disk / "logs.csv"
+    full.write_text("# step,mean_episode_return\n" + "".join(f"{i},{i}\n" for i in range(1, 3001)))
+    light = small_disk / "light.csv.gz"
+    assert lightlog.main([str(full), str(light), "--every_steps", "1000"]) == 0
+    before = light.read_bytes()
+    fill(small_disk)
+    assert lightlog.main([str(full), str(light), "--every_steps", "1"]) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert light.read_bytes() == before
+    assert sorted(path.name for path in small_disk.iterdir()) == [
+        "filler",
+        "light.csv.gz",
+        "logs.csv",
+    ]

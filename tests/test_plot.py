@@ -410,6 +410,27 @@ def test_a_light_log_of_a_log_without_episode_counts_weighs_rows_alike(tmp_path)
         lightlog.main([str(plain), str(tmp_path / "out.csv"), "--every_steps", "0"])
 
 
+def test_the_best_of_a_log_without_episode_counts_counts_a_row_as_an_episode(tmp_path):
+    # The last-100 mean counted rows so, and the best stayed NaN: the light log's best
+    # column was empty.
+    plain = tmp_path / "logs.csv"
+    plain.write_text("# step,mean_episode_return\n" + "".join(f"{i},{i}\n" for i in range(200)))
+    logs = curves.read_logs(plain)
+    best = curves.best_last_100_curve(logs)
+    assert np.isnan(best[98]) and best[99] == 49.5 and best[-1] == 149.5
+
+
+def test_a_last_row_cut_off_as_it_was_written_is_left_out(tmp_path):
+    # Read whole, its cut cell was a number: step 3 of 3000, a line back to the start.
+    cut = tmp_path / "logs.csv"
+    header = "# _tick,_time,step,mean_episode_return\n"
+    cut.write_text(header + "0,1.0,1000,5.0\n1,2.0,2000,6.0\n2,3.0,3")
+    logs = curves.read_logs(cut)
+    np.testing.assert_array_equal(logs["step"], [1000, 2000])
+    cut.write_text(cut.read_text() + "000,7.0\n")  # the row, once written whole
+    np.testing.assert_array_equal(curves.read_logs(cut)["step"], [1000, 2000, 3000])
+
+
 def test_label_names_each_run_in_the_order_given(tmp_path, capsys):
     first, second = tmp_path / "a" / "run", tmp_path / "b" / "run"
     write_run(tmp_path / "a", "run"), write_run(tmp_path / "b", "run")

@@ -32,7 +32,10 @@ def read_logs(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     Returns one float array per column, all of the same length (one entry per
     data row). Empty cells are NaN. Every ``# `` line is a header whose field
     names apply to the rows after it, as a resumed run appends a new header;
-    columns a row's header lacks are NaN for that row.
+    columns a row's header lacks are NaN for that row. A last line without its
+    newline is a row cut off as it was written (a crash, a full disk, a live run
+    read mid-row): it is left out, as the run leaves it out when it resumes,
+    since its last cell may be part of a number (3 of 3000).
     """
     path = Path(path).expanduser()
     if path.is_dir():
@@ -43,7 +46,7 @@ def read_logs(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", newline="") as f:
         for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+            if not line.strip() or not line.endswith("\n"):  # blank, or cut off
                 continue
             if line.startswith("#"):
                 fields = [name.strip() for name in line[1:].strip().split(",")]
@@ -165,7 +168,9 @@ def best_last_100_curve(logs: dict[str, np.ndarray]) -> np.ndarray:
     (a mean of the first few episodes is no mean of 100). A light log's ``BEST_COLUMN``
     counts too: its spans' bests are the exact ones."""
     last_100 = last_100_column(logs)
-    episodes = np.nan_to_num(logs.get("episodes", np.zeros(last_100.size)))
+    # Logs without an episode count (the original's) count a row as one episode, as
+    # ``last_episodes_mean`` does.
+    episodes = np.nan_to_num(logs["episodes"]) if "episodes" in logs else np.ones(last_100.size)
     reached = (episodes > 0) & (np.cumsum(episodes) >= RETURN_WINDOW) & np.isfinite(last_100)
     best = np.fmax.accumulate(np.where(reached, last_100, math.nan))
     return np.fmax(best, logs[BEST_COLUMN]) if BEST_COLUMN in logs else best

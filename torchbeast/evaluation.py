@@ -377,7 +377,7 @@ def check_writable(path: str) -> None:
     it: a read-only folder, or a folder at ``path``."""
     if os.path.isdir(path):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-    probe = path + ".tmp"
+    probe = f"{path}.{os.getpid()}.tmp"  # its own: another eval of the run may be writing
     try:
         with open(probe, "w"):
             pass
@@ -389,7 +389,7 @@ def check_writable(path: str) -> None:
 def write_json_atomically(path: str, value: dict) -> None:
     """Writes ``value`` to ``path`` whole or not at all; an error names ``path`` (a folder
     there, say), and leaves no temporary file behind."""
-    temporary = path + ".tmp"
+    temporary = f"{path}.{os.getpid()}.tmp"  # its own: another eval of the run may be writing
     try:
         with open(temporary, "w") as f:
             json.dump(value, f, indent=2)

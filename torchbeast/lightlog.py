@@ -23,8 +23,10 @@ command at its default span (10,000 agent steps), named ``docs/runs/<run>.logs.c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -90,15 +92,24 @@ def thin(logs: dict[str, np.ndarray], every_steps: int) -> dict[str, np.ndarray]
 
 
 def write_logs(logs: dict[str, np.ndarray], path: str | Path) -> None:
-    """``logs`` as a ``logs.csv`` (gzipped where ``path`` ends in .gz): one ``# `` header."""
+    """``logs`` as a ``logs.csv`` (gzipped where ``path`` ends in .gz): one ``# `` header.
+    Written whole or not at all: a Ctrl-C or a full disk midway leaves the file that was
+    there (a light log of docs/runs being refreshed), not half of the new one."""
     path = Path(path)
     names = list(logs)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "wt", newline="") as f:
-        f.write("# " + ",".join(names) + "\n")
-        for row in zip(*(logs[name] for name in names), strict=True):
-            f.write(",".join("" if math.isnan(value) else f"{value:.10g}" for value in row))
-            f.write("\n")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with opener(temporary, "wt", newline="") as f:
+            f.write("# " + ",".join(names) + "\n")
+            for row in zip(*(logs[name] for name in names), strict=True):
+                f.write(",".join("" if math.isnan(value) else f"{value:.10g}" for value in row))
+                f.write("\n")
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -20,8 +20,10 @@ explained variance and the gradient norm. The logs are read, and the curves made
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,7 +124,15 @@ def plot_runs(
         ax.set_xlabel("steps")
     ax_return.legend(loc="best", fontsize="small")
     fig.tight_layout()
-    fig.savefig(out, format="png")
+    # Whole or not at all: an interrupted drawing leaves the last picture, not half of one.
+    temporary = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        fig.savefig(temporary, format="png")
+        os.replace(temporary, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
 
 
 def _resolve_runs(paths: list[str], xpids: list[str], savedir: str) -> list[Run]:

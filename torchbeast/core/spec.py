@@ -8,11 +8,14 @@ import numpy as np
 
 from torchbeast.core.errors import shown
 
-# The rollout's own per-episode columns (episode_return, ...), logs.csv's mean_episode_length
-# and eval's own figures (episode_length, proxy_return, each return's *_per_step): no extra
-# may take their names.
+# The rollout's own per-episode columns (episode_return, ...), logs.csv's mean_episode_length,
+# eval's own figures (episode_length, proxy_return, each return's *_per_step) and eval.json's
+# other fields (an extra's figure sits beside them, and took their place): no extra may take
+# their names.
 RESERVED_EXTRA_NAMES = frozenset(
     ("return", "step", "end", "length", "episode_length", "proxy_return")
+    + ("xpid", "env", "num_episodes", "policy", "actions", "parameters", "episodes")
+    + ("reward_proxy", "trained_with_reward_proxy")
 )
 MAX_EXTRA_NAME_LENGTH = 64
 # The observation dtypes a rollout stores and an env stream sends; an env's float64
@@ -73,7 +76,8 @@ def _extras_problem(names: tuple[str, ...]) -> str | None:
         ):
             return (
                 f"episode extra {shown(name)} would clash with a figure of torchbeast's own "
-                "(episode_return, episode_length, proxy_return, *_return_per_step): rename it"
+                "(episode_return, episode_length, proxy_return, *_return_per_step, eval.json's "
+                "fields): rename it"
             )
     if len(set(names)) != len(names):
         return f"episode extras {shown(', '.join(names))} name one figure twice"
