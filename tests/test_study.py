@@ -419,13 +419,23 @@ def test_a_study_moved_or_its_savedir_spelled_another_way_keeps_its_cells(tmp_pa
 
 
 def test_the_table_is_strict_json_and_shows_only_the_evaluations_the_study_makes(tmp_path):
-    from torchbeast.study import SPEC_NAME, claim_folder, read_study, write_table
+    from torchbeast.study import (
+        FIGURE_PREFIXES,
+        SPEC_NAME,
+        TABLE_COLUMNS,
+        claim_folder,
+        read_study,
+        write_table,
+    )
 
     path = write_study(tmp_path, "seed = [1, 2]")
     grid = claim_folder(read_study(path))
     finish_by_hand(grid.cells()[0], random_return=2.0)
     first, _ = write_table(grid, grid.cells())
     assert first["eval_return"] == 9.0 and first["random_return"] == 2.0
+    # The columns no axis may take are every column the table has but the axes'.
+    own = [column for column in first if column not in grid.axes]
+    assert all(column in TABLE_COLUMNS or column.startswith(FIGURE_PREFIXES) for column in own)
 
     def no_constants(name: str) -> None:
         raise ValueError(f"{name} is no JSON")

@@ -23,10 +23,8 @@ command at its default span (10,000 agent steps), named ``docs/runs/<run>.logs.c
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -34,6 +32,7 @@ import numpy as np
 
 from torchbeast.config.argparser import FlagParser
 from torchbeast.config.values import positive_int
+from torchbeast.core.files import replaced_whole
 from torchbeast.curves import (
     BEST_COLUMN,
     LAST_100_COLUMN,
@@ -98,18 +97,11 @@ def write_logs(logs: dict[str, np.ndarray], path: str | Path) -> None:
     path = Path(path)
     names = list(logs)
     opener = gzip.open if path.suffix == ".gz" else open
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with opener(temporary, "wt", newline="") as f:
-            f.write("# " + ",".join(names) + "\n")
-            for row in zip(*(logs[name] for name in names), strict=True):
-                f.write(",".join("" if math.isnan(value) else f"{value:.10g}" for value in row))
-                f.write("\n")
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
-        raise
+    with replaced_whole(path) as temporary, opener(temporary, "wt", newline="") as f:
+        f.write("# " + ",".join(names) + "\n")
+        for row in zip(*(logs[name] for name in names), strict=True):
+            f.write(",".join("" if math.isnan(value) else f"{value:.10g}" for value in row))
+            f.write("\n")
 
 
 def make_parser() -> argparse.ArgumentParser:

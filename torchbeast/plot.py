@@ -20,10 +20,8 @@ explained variance and the gradient norm. The logs are read, and the curves made
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import math
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from torchbeast.config.argparser import FlagParser
+from torchbeast.core.files import replaced_whole
 from torchbeast.curves import (
     LOGS_NAME,
     LogsError,
@@ -124,15 +123,8 @@ def plot_runs(
         ax.set_xlabel("steps")
     ax_return.legend(loc="best", fontsize="small")
     fig.tight_layout()
-    # Whole or not at all: an interrupted drawing leaves the last picture, not half of one.
-    temporary = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
+    with replaced_whole(out) as temporary:  # an interrupted drawing leaves the last one
         fig.savefig(temporary, format="png")
-        os.replace(temporary, out)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
-        raise
 
 
 def _resolve_runs(paths: list[str], xpids: list[str], savedir: str) -> list[Run]:

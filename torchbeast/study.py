@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Protocol
 from torchbeast.config.argparser import FlagParser
 from torchbeast.config.resolvers import default_layout, expand_savedir, unset_variable
 from torchbeast.core.errors import os_error_line
+from torchbeast.core.files import write_whole
 from torchbeast.curves import LOGS_NAME, best_last_100_curve, read_logs, return_last_100_curve
 from torchbeast.entry import work_begins
 from torchbeast.runtime.processes import (
@@ -225,21 +226,8 @@ def read_state(folder: Path) -> dict:
 def write_state(folder: Path, state: dict) -> None:
     """Records how the cell in ``folder`` ended (``CELL_STATE``)."""
     folder.mkdir(parents=True, exist_ok=True)
+    # Whole: half a record read as none trained a finished cell again.
     write_whole(folder / CELL_STATE, json.dumps(state, indent=2) + "\n")
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Writes ``path`` whole or not at all: a crash or a full disk midway leaves the old
-    file (a half-written record read as none retrained a finished cell), and a table read
-    while it is written is the old one or the new one."""
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        temporary.write_text(text)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
-        raise
 
 
 def replacing(folder: Path) -> tuple[Path, Path]:

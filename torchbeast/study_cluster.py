@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from torchbeast.core.files import write_whole
 from torchbeast.runtime.ray.prepare import prepare_ray_environment
 from torchbeast.runtime.training import TrainingError
 from torchbeast.study import (
@@ -52,7 +53,6 @@ from torchbeast.study import (
     replacing,
     train_and_evaluate,
     write_state,
-    write_whole,
 )
 
 TOKEN_NAME = ".study_token"  # in the study's folder: how a node tells it sees the folder
