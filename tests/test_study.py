@@ -783,7 +783,15 @@ def test_a_finished_cell_of_an_earlier_release_is_evaluated_again_after_eval_cha
 def test_a_study_folder_of_the_first_releases_is_the_same_study(tmp_path, random_policy):
     # Their study.json had no [resources] (refused as "other [resources]") and no
     # random_policy (taken as evaluated with a random policy, which they had not).
-    from torchbeast.study import SPEC_NAME, claim_folder, read_study, write_state, write_table
+    from torchbeast.study import (
+        SPEC_NAME,
+        claim_folder,
+        only_run_of,
+        read_study,
+        record_earlier_evaluations,
+        write_state,
+        write_table,
+    )
 
     path = write_study(tmp_path, "seed = [1]")
     grid = claim_folder(read_study(path))
@@ -796,7 +804,14 @@ def test_a_study_folder_of_the_first_releases_is_the_same_study(tmp_path, random
     (grid.folder / SPEC_NAME).write_text(json.dumps(spec))
     if not random_policy:
         edit_study(path, 'runtime = "mono"', 'random_policy = false\nruntime = "mono"')
-    (cell,) = claim_folder(read_study(path)).cells()
+    study = claim_folder(read_study(path))
+    with only_run_of(study):  # another command runs it: this one rewrites no record
+        refused = run_study(path)
+    assert refused.returncode != 0 and "is running already" in refused.stderr
+    assert "evaluated" not in json.loads((cell.folder / "study_cell.json").read_text())
+    with only_run_of(study):
+        record_earlier_evaluations(study)
+    (cell,) = study.cells()
     assert cell.finished() is not random_policy  # a random policy to evaluate, or none
 
 

@@ -713,7 +713,6 @@ def claim_folder(study: Study) -> Study:
                 f"move {folder} away to start this one there anew"
             )
         study = dataclasses.replace(study, axes={axis: study.axes[axis] for axis in recorded_axes})
-        record_earlier_evaluations(study, recorded)
     elif folder.exists() and any(path.name != LOCK_NAME for path in folder.iterdir()):
         raise StudyError(
             f"{folder} holds files of something other than this study: give the study "
@@ -723,10 +722,15 @@ def claim_folder(study: Study) -> Study:
     return study
 
 
-def record_earlier_evaluations(study: Study, recorded: dict) -> None:
+def record_earlier_evaluations(study: Study) -> None:
     """Writes into each finished cell's record, where it has none (a study of an earlier
-    release), the evaluations it had: those of the ``recorded`` study, which may differ
-    from this one's [eval] (``Cell.finished`` then plays them again)."""
+    release), the evaluations it had: those of the study its folder records, which may
+    differ from this one's [eval] (``Cell.finished`` then plays them again). Only under the
+    study's lock (``only_run_of``): a command that finds the study running changes nothing."""
+    spec_path = study.folder / SPEC_NAME
+    if not spec_path.exists():  # a new study's folder: no earlier cells
+        return
+    recorded = json.loads(spec_path.read_text())["study"]  # as ``claim_folder`` read it
     earlier = dataclasses.replace(
         study,
         eval_flags=recorded.get("eval", study.eval_flags),
@@ -1084,6 +1088,7 @@ def run_study(args: argparse.Namespace) -> tuple[Study, list[dict]]:
         with only_run_of(study):
             for cell in cells:
                 finish_replacing(cell.folder)
+            record_earlier_evaluations(study)
             try:
                 with executor_for(study, args, len(cells)) as executor:
                     write_table(study, cells)  # the folder says what it holds from the start
