@@ -527,3 +527,32 @@ def test_the_recorded_command_line_hides_the_auth_token(argv, shown):
     from torchbeast.config.poly import without_secrets
 
     assert without_secrets(argv) == shown
+
+
+@pytest.mark.parametrize("where", ["command line", "file"])
+def test_print_settings_hides_the_auth_token_but_says_one_was_given(capsys, tmp_path, where):
+    # The table is pasted into issues and CI logs: it printed the token in clear.
+    config = tmp_path / "token.toml"
+    config.write_text('auth_token = "s3cret-7f1"\n')
+    given = ["--auth_token", "s3cret-7f1"] if where == "command line" else ["--config", config]
+    with pytest.raises(SystemExit) as exit_info:
+        flags.parse_flags_and_sources([*map(str, given), "--print_settings"], make_learner_parser())
+    assert exit_info.value.code == 0
+    table = capsys.readouterr().out
+    assert "s3cret" not in table
+    (row,) = [line for line in table.splitlines() if line.startswith("--auth_token ")]
+    assert row.split()[1] == "(hidden)" and where in row
+
+
+@pytest.mark.parametrize("env", ["PongNoFrameskip-v4", "ALE/Pong-v5"])
+def test_a_proxy_flag_on_another_game_takes_no_riverraid_preset(env):
+    # The survival preset was listed for Pong (batch 4, unroll 80), which then refused it.
+    parsed, sources = flags.parse_flags_and_sources(
+        ["--env", env, "--true_move_penalty", "1"], make_learner_parser()
+    )
+    assert not any(source.startswith("preset") for source in sources.values()), sources
+    riverraid, sources = flags.parse_flags_and_sources(
+        ["--env", "ALE/Riverraid-v5", "--true_move_penalty", "1"], make_learner_parser()
+    )
+    assert sources["batch_size"] == "preset Riverraid survival proxy"
+    assert riverraid.batch_size == 4 != parsed.batch_size

@@ -211,10 +211,18 @@ def parse_in_layers(
     return flags, sources
 
 
+def shown_value(name: str, value: object) -> str:
+    """A flag's value as the settings table shows it: a secret's is hidden (the table is
+    pasted into issues and kept in CI logs), but whether one was given shows."""
+    from torchbeast.config.poly import HIDDEN, SECRET_FLAGS  # at the top: a circular import
+
+    return HIDDEN if name in SECRET_FLAGS and value else repr(value)
+
+
 def settings_table(flags: argparse.Namespace, sources: Mapping[str, str]) -> str:
     """Every flag's value and its source, one per line, as ``--print_settings`` shows."""
     rows = [
-        (f"--{name}", repr(value), sources.get(name, DEFAULT))
+        (f"--{name}", shown_value(name, value), sources.get(name, DEFAULT))
         for name, value in sorted(vars(flags).items())
     ]
     width = max(len(name) for name, _, _ in rows)

@@ -189,6 +189,8 @@ class AtariFamily(EnvFamily):
         proxy = riverraid.proxy_from_flags(given)
         if proxy is None or proxy.kind != "move" or proxy.move_penalty != 0:
             return []
+        if not riverraid.is_riverraid(gym_spec(env_id)):  # refused by check_proxy
+            return []
         return [SURVIVAL]
 
     def known_presets(self) -> list[Preset]:
