@@ -9,7 +9,6 @@ returns, per step), prints mean ± std, and writes the figures to ``savedir/xpid
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -18,6 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from torchbeast import envs, video
 from torchbeast.config.settings import Settings
 from torchbeast.core import checkpoint
 from torchbeast.core.errors import first_line, shown, write_failure
+from torchbeast.core.files import replaced_whole
 from torchbeast.core.models import Agent, create_model, model_config
 from torchbeast.core.precision import compute_dtype
 from torchbeast.core.settings import ModelSettings
@@ -387,15 +388,11 @@ def check_writable(path: str) -> None:
 
 
 def write_json_atomically(path: str, value: dict) -> None:
-    """Writes ``value`` to ``path`` whole or not at all; an error names ``path`` (a folder
-    there, say), and leaves no temporary file behind."""
-    temporary = f"{path}.{os.getpid()}.tmp"  # its own: another eval of the run may be writing
+    """Writes ``value`` to ``path`` whole or not at all (``replaced_whole``: another eval of
+    the run may be writing its own); an error names ``path`` (a folder there, say)."""
     try:
-        with open(temporary, "w") as f:
+        with replaced_whole(Path(path)) as temporary, open(temporary, "w") as f:
             json.dump(value, f, indent=2)
             f.write("\n")
-        os.replace(temporary, path)
     except OSError as error:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
         raise OSError(error.errno, error.strerror, path) from error

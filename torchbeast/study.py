@@ -696,16 +696,8 @@ def claim_folder(study: Study) -> Study:
     order the folder has them: a cell's name follows it); another study's folder is
     refused: nothing a study writes may overwrite another's."""
     folder = study.folder
-    spec_path = folder / SPEC_NAME
-    if spec_path.exists():
-        try:
-            recorded = json.loads(spec_path.read_text()).get("study")
-            recorded_axes = list(recorded["axes"].keys())  # a dict, as written
-        except (ValueError, AttributeError, KeyError, TypeError, UnicodeDecodeError):
-            raise StudyError(  # not JSON, or not ours
-                f"{spec_path} is damaged, so which study {folder} holds cannot be told: "
-                "restore it (a copy of it), or give this study another name or savedir"
-            ) from None
+    if (recorded := recorded_study(folder)) is not None:
+        recorded_axes = list(recorded["axes"].keys())  # a dict, as written
         if differs := spec_differences(recorded, json.loads(json.dumps(study.spec()))):
             raise StudyError(
                 f"{folder} holds another study (its {SPEC_NAME} has other {differs}): give "
@@ -722,15 +714,31 @@ def claim_folder(study: Study) -> Study:
     return study
 
 
+def recorded_study(folder: Path) -> dict | None:
+    """The study that ``folder``'s ``SPEC_NAME`` records, or None where it has none yet."""
+    spec_path = folder / SPEC_NAME
+    if not spec_path.exists():
+        return None
+    try:
+        recorded = json.loads(spec_path.read_text()).get("study")
+        if not isinstance(recorded.get("axes"), dict):
+            raise TypeError
+        return recorded
+    except (ValueError, AttributeError, TypeError, UnicodeDecodeError):
+        raise StudyError(  # not JSON, or not ours
+            f"{spec_path} is damaged, so which study {folder} holds cannot be told: "
+            "restore it (a copy of it), or give this study another name or savedir"
+        ) from None
+
+
 def record_earlier_evaluations(study: Study) -> None:
     """Writes into each finished cell's record, where it has none (a study of an earlier
     release), the evaluations it had: those of the study its folder records, which may
     differ from this one's [eval] (``Cell.finished`` then plays them again). Only under the
     study's lock (``only_run_of``): a command that finds the study running changes nothing."""
-    spec_path = study.folder / SPEC_NAME
-    if not spec_path.exists():  # a new study's folder: no earlier cells
+    recorded = recorded_study(study.folder)
+    if recorded is None:  # a new study's folder: no earlier cells
         return
-    recorded = json.loads(spec_path.read_text())["study"]  # as ``claim_folder`` read it
     earlier = dataclasses.replace(
         study,
         eval_flags=recorded.get("eval", study.eval_flags),
