@@ -833,13 +833,14 @@ def test_a_learner_told_its_env_refuses_streams_of_envs_made_with_other_reward_f
 ):
     # The first stream decided the reward flags even where the learner was told them: one
     # told --fuel_multiplier 5 took envs of 2, then refused envs made as it was.
+    # And it refused envs of its own proxy said otherwise (--fuel_multiplier 5 alone).
     riverraid = ["--env", "RiverraidNoFrameskip-v4", "--fuel_multiplier", "5"]
     address = f"unix:{sockets}/learner"
     learner_log = tmp_path / "learner.log"
     learner = processes(
-        "torchbeast.polybeast_learner", *riverraid, *LEARNER[2:], "--hidden_size", "64",
-        "--serve", address, "--total_steps", "200", "--savedir", str(tmp_path), "--xpid", "r",
-        log=learner_log,
+        "torchbeast.polybeast_learner", *riverraid, "--move_penalty", "0", *LEARNER[2:],
+        "--hidden_size", "64", "--serve", address, "--total_steps", "200",
+        "--savedir", str(tmp_path), "--xpid", "r", log=learner_log,
     )  # fmt: skip
     spec = envs.env_spec(env_settings(make_env_parser().parse_args(riverraid)))
     wait_for(lambda: os.path.exists(f"{sockets}/learner"), 60, "the learner to listen")
@@ -849,8 +850,8 @@ def test_a_learner_told_its_env_refuses_streams_of_envs_made_with_other_reward_f
     assert [error.code() for error in refusals] == [grpc.StatusCode.FAILED_PRECONDITION] * 2
     assert refusals[0].details() == (
         "environment made with --fuel_multiplier 2.0 --no_fire_on_life_loss False does not "
-        "match the run's environments, made with --fuel_multiplier 5.0 --no_fire_on_life_loss "
-        "False"
+        "match the run's environments, made with --fuel_multiplier 5.0 --move_penalty 0.0 "
+        "--no_fire_on_life_loss False"
     )
     assert "environment made with none does not match" in refusals[1].details()
     processes(
@@ -1046,6 +1047,38 @@ def test_a_first_env_that_the_learners_torso_cannot_read_is_refused_not_the_run(
     assert str(error.value).startswith("--torso atari reads [C, H, W] frames of at least 36x36")
     assert str(error.value).endswith("(the learner was not told --env)")
     assert run_spec.spec is None and not run_spec.known.is_set()  # it waits for another
+
+
+def test_a_run_takes_envs_of_its_reward_proxy_however_the_proxy_was_spelled():
+    # A learner told --fuel_multiplier 1 --move_penalty 0 refused every env server of
+    # --move_penalty 0: one proxy (survival), compared as its flags were said.
+    riverraid = ["--env", "RiverraidNoFrameskip-v4"]
+    spec = envs.env_spec(env_settings(make_env_parser().parse_args(riverraid)))
+
+    def options(*flags: str) -> dict[str, object]:
+        parsed = env_settings(make_env_parser().parse_args([*riverraid, *flags]))
+        return {name: value for name, value in parsed.options if value is not None}
+
+    survival = options("--fuel_multiplier", "1", "--move_penalty", "0")
+    run_spec = RunSpec(spec, survival)
+    for flag in ("--fuel_multiplier 1", "--move_penalty 0", "--true_move_penalty 0"):
+        run_spec.register("same", spec, options(*flag.split()))
+    assert run_spec.env_options == survival  # the run's own words, as recorded
+    refused = {
+        "game score": options(),
+        "fuel": options("--fuel_multiplier", "5"),
+        "true move": options("--move_penalty", "0", "--true_move_penalty", "1"),
+        "no fire": options("--move_penalty", "0", "--no_fire_on_life_loss"),
+        "a peer's own": options("--move_penalty", "0") | {"frame_skip": 3},
+    }
+    for what, said in refused.items():
+        with pytest.raises(SpecMismatch, match="does not match the run's environments"):
+            run_spec.register(what, spec, said)
+    # The game score, said with no options at all or with the defaults spelled out.
+    score = RunSpec(spec, options())
+    score.register("bare", spec, {})
+    with pytest.raises(SpecMismatch):
+        score.register("survival", spec, options("--move_penalty", "0"))
 
 
 def test_test_mode_plays_the_env_the_learner_was_trained_on(tmp_path, processes, sockets):

@@ -243,6 +243,13 @@ class AtariFamily(EnvFamily):
             )
         return lines
 
+    def compared_options(self, options: Mapping[str, object]) -> dict[str, object]:
+        """The reward proxy as a whole, its defaults filled in (``--move_penalty 0`` and
+        ``--fuel_multiplier 1 --move_penalty 0`` are one proxy, survival)."""
+        proxy = riverraid.proxy_from_flags(options)  # None: each proxy flag stays None
+        filled = {} if proxy is None else dataclasses.asdict(proxy)
+        return super().compared_options(options) | filled
+
     def evaluation_figures(self, settings: EnvSettings, trained_flags: Mapping) -> dict:
         """The reward proxy evaluated with and the one trained with (defaults filled in;
         {} for the game score)."""

@@ -127,6 +127,14 @@ class EnvFamily:
         command line's) but the run did not train with (``trained_flags``: its checkpoint's)."""
         return flag_differences(self.options, self.flag_names, settings, trained_flags)
 
+    def compared_options(self, options: Mapping[str, object]) -> dict[str, object]:
+        """The family flags ``options`` (as a Hello or a checkpoint carries them: a flag
+        not given is left out) as they decide the envs, so that two spellings of the same
+        envs compare equal: here each flag not given has its default. A name that is no
+        flag of the family stays as it is (a peer's words: they do not match ours)."""
+        fields = dataclasses.fields(self.options) if self.options is not None else ()
+        return {field.name: field.default for field in fields} | dict(options)
+
     def evaluation_figures(self, settings: EnvSettings, trained_flags: Mapping) -> dict:
         """What ``--mode eval`` adds to ``eval.json`` for this family (e.g. the reward
         settings the run was trained with), beside the returns."""

@@ -57,7 +57,7 @@ class RunSpec:
                     f"environment {describe_spec(spec)} does not match the run's "
                     f"{describe_spec(self.spec)}"
                 )
-            if self.env_options is not None and env_options != self.env_options:
+            if self.env_options is not None and not self.same_envs(env_options):
                 raise SpecMismatch(
                     f"environment made with {describe_options(env_options)} does not match "
                     f"the run's environments, made with {describe_options(self.env_options)}"
@@ -80,6 +80,20 @@ class RunSpec:
                     list(spec.observation_shape),
                     spec.num_actions,
                 )
+
+    def same_envs(self, env_options: dict[str, object]) -> bool:
+        """Whether a Hello's env options make the run's envs, compared as the run's family
+        decides (``EnvFamily.compared_options``: a proxy flag given its default value and
+        one not given are one proxy). Only the run's own env id is looked up: a peer's
+        ``module:Id`` imports nothing here."""
+        try:
+            family = envs.family_of(self.spec.env_id) if self.spec is not None else None
+        except envs.EnvError:  # a checkpoint's id no family takes now
+            family = None
+        if family is None:  # as they were said
+            return env_options == self.env_options
+        compared = family.compared_options
+        return compared(env_options) == compared(self.env_options)
 
 
 def check_first_env_id(env_id: str) -> None:
