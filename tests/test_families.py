@@ -351,6 +351,16 @@ class ClashingFamily(EnvFamily):
 
 
 @dataclasses.dataclass(frozen=True)
+class PresetsOptions:
+    presets: bool = flag(False, "A switch, whose --no_presets is the command line's own.")
+
+
+class SwitchClashingFamily(ClashingFamily):
+    name = "SwitchClashing"
+    options = PresetsOptions
+
+
+@dataclasses.dataclass(frozen=True)
 class MazeOptions:
     corridor_length: int = flag(4, "The corridor family's flag's name.")
 
@@ -476,6 +486,18 @@ def test_a_plugin_whose_takes_raises_for_its_own_env_says_so(tmp_path, plugin_pa
         "error: env family 'Raising' (entry point corridors:RaisingFamily) failed to tell "
         "whether it takes 'Corridor-v0': RuntimeError: the family's index is missing; fix or "
         "reinstall its package"
+    )
+
+
+def test_a_plugin_switch_whose_off_flag_is_one_of_ours_is_one_line_naming_both(plugin_path):
+    # A switch takes --no_<name> too: argparse's conflict was a traceback.
+    add_entry_point(plugin_path, "switch = corridors:SwitchClashingFamily")
+    result = run_with(plugin_path, "torchbeast.monobeast", "--help")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "error: env family 'SwitchClashing' (entry point corridors:SwitchClashingFamily) "
+        "declares --presets, a switch, so --no_presets too, which torchbeast's own settings "
+        "declare: rename its flag, or uninstall its package"
     )
 
 

@@ -556,3 +556,25 @@ def test_a_proxy_flag_on_another_game_takes_no_riverraid_preset(env):
     )
     assert sources["batch_size"] == "preset Riverraid survival proxy"
     assert riverraid.batch_size == 4 != parsed.batch_size
+
+
+def test_the_command_line_turns_off_a_switch_a_preset_or_a_file_turned_on(tmp_path, capsys):
+    # Riverraid's survival preset turns on the normalisations, and nothing but a file or
+    # --no_presets could turn them off: the command line did not always win.
+    survival = ["--env", "RiverraidNoFrameskip-v4", "--move_penalty", "0"]
+    parsed, sources = flags.parse_flags_and_sources(survival, make_learner_parser())
+    assert parsed.normalize_values is parsed.normalize_advantages is True
+    parsed, sources = flags.parse_flags_and_sources(
+        [*survival, "--no_normalize_values", "--no-normalize-advantages"], make_learner_parser()
+    )
+    assert parsed.normalize_values is parsed.normalize_advantages is False
+    assert sources["normalize_values"] == sources["normalize_advantages"] == "command line"
+    assert parsed.batch_size == 4  # the preset's other values stay
+    config = tmp_path / "run.toml"
+    config.write_text("use_lstm = true\n")
+    assert parse("--config", str(config)).use_lstm is True
+    assert parse("--config", str(config), "--no_use_lstm").use_lstm is False
+    assert parse("--no_use_lstm", "--use_lstm").use_lstm is True  # the last one said
+    assert parse("--use_lstm", "--no_use_l").use_lstm is False  # a prefix argparse takes
+    # A switch whose name says "no" already has no --no_ of its own.
+    assert "--no_no_fire_on_life_loss" in refusal(capsys, "--no_no_fire_on_life_loss")

@@ -47,10 +47,13 @@ class DeclaredFlag:
     def argument(self) -> tuple[list[str], dict[str, Any]]:
         """The option strings and keyword arguments of ``add_argument``."""
         kwargs: dict[str, Any] = {"default": self.default, "help": self.flag.help}
+        names = [f"--{self.name}", *self.flag.aliases]
         if self.value_type is bool:
             if self.default is not False:
                 raise TypeError(f"--{self.name}: a switch must default to False")
-            kwargs["action"] = "store_true"
+            kwargs["action"] = Switch
+            if not self.name.startswith("no_"):  # --no_no_fire_on_life_loss: not said
+                names.append(f"--no_{self.name}")
         elif typing.get_origin(self.value_type) is Literal:
             kwargs["choices"] = list(typing.get_args(self.value_type))
         else:
@@ -60,7 +63,20 @@ class DeclaredFlag:
             kwargs["type"] = VALUE_TYPES[key]
         if self.flag.metavar is not None:
             kwargs["metavar"] = self.flag.metavar
-        return [f"--{self.name}", *self.flag.aliases], kwargs
+        return names, kwargs
+
+
+class Switch(argparse.Action):
+    """A switch, off by default: ``--name`` turns it on and ``--no_name`` (where it has
+    one) off, so that the command line wins over a preset or a flags file that turned it
+    on (``--normalize_values`` in Riverraid's survival preset)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any):
+        super().__init__(option_strings, dest, nargs=0, const=True, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        off = option_string is not None and option_string == f"--no_{self.dest}"
+        setattr(namespace, self.dest, not off)
 
 
 def without_none(hint: Any) -> Any:
@@ -121,20 +137,26 @@ def add_declared_flags(
     named where one of them is also another setting's."""
     added = _added.setdefault(parser, {})  # name -> (flag, the plug-in that declared it)
     for declared in declared_flags(settings_type, group):
-        if declared.name in added or f"--{declared.name}" in parser._option_string_actions:
-            flag, earlier = added.get(declared.name, (None, None))
+        names, kwargs = declared.argument()
+        taken = [name for name in names if name in parser._option_string_actions]
+        if declared.name in added or taken:
+            # The setting that has the name already (a switch's --no_name: another's name).
+            owner = parser._option_string_actions[taken[0]].dest if taken else declared.name
+            flag, earlier = added.get(owner, (None, None))
             if flag is declared.flag:
                 continue
             if plugin or earlier:  # a package's mistake, not ours: one line, before --help
                 also = "torchbeast's own settings declare"
                 if plugin and earlier:
                     also = f"{earlier} declares too"
+                said = f"--{declared.name}"
+                if owner != declared.name:
+                    said += f", a switch, so {taken[0]} too"
                 raise SystemExit(
-                    f"error: {plugin or earlier} declares --{declared.name}, which {also}: "
+                    f"error: {plugin or earlier} declares {said}, which {also}: "
                     "rename its flag, or uninstall its package"
                 )
             raise ValueError(f"--{declared.name} is declared by two settings")
-        names, kwargs = declared.argument()
         group_of(parser, declared.group).add_argument(*names, **kwargs)
         added[declared.name] = (declared.flag, plugin)
 
