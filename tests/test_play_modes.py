@@ -216,3 +216,33 @@ def test_games_alike_in_their_figures_are_one_game_only_if_their_actions_were_al
     assert one_game([Episode(500.0, {}, 500, actions="a1")] * 3)
     assert not one_game([Episode(500.0, {}, 500, actions="a1")])  # one game is no repeat
     assert not one_game([Episode(1.0, {}, 9, actions="a1"), Episode(2.0, {}, 9, actions="a1")])
+
+
+def test_test_and_eval_play_the_trained_model_and_precision_and_refuse_a_switch_said_off(
+    tmp_path,
+):
+    import pytest
+    import torch
+
+    from torchbeast import evaluation
+    from torchbeast.cli import parse_command
+    from torchbeast.config.flags import make_parser
+    from torchbeast.core.checkpoint import CheckpointError
+    from torchbeast.envs import env_spec
+
+    trained_with = ["--use_lstm", "--precision", "bf16", "--total_steps", "200", "--xpid", "a"]
+    assert monobeast(tmp_path, *TRAIN, *trained_with).returncode == 0
+
+    def played(*argv: str):
+        argv = ["--mode", "eval", "--savedir", str(tmp_path), "--xpid", "a", *argv]
+        settings = parse_command(make_parser(), argv, "mono")
+        trained = evaluation.load_trained(settings)
+        return evaluation.policy(settings, trained, env_spec(trained.env))
+
+    model = played()  # it was played in fp32 (the default, auto, on CartPole)
+    assert model.use_lstm and model.compute_dtype == torch.bfloat16
+    assert played("--precision", "fp32").compute_dtype == torch.float32  # given: it wins
+    # --no_use_lstm played the LSTM without a word, as if it were not said.
+    with pytest.raises(CheckpointError, match="use_lstm"):
+        played("--no_use_lstm")
+    assert played("--no_use_resnet").use_lstm  # true of it: its own torso, an MLP

@@ -16,19 +16,20 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from torchbeast import envs, video
+from torchbeast.config.layers import DEFAULT
 from torchbeast.config.settings import Settings
 from torchbeast.core import checkpoint
 from torchbeast.core.errors import first_line, shown, write_failure
 from torchbeast.core.files import replaced_whole
 from torchbeast.core.models import Agent, create_model, model_config
-from torchbeast.core.precision import compute_dtype
+from torchbeast.core.precision import PRECISIONS, compute_dtype
 from torchbeast.core.settings import ModelSettings
 from torchbeast.core.spec import EnvSpec
 from torchbeast.envs.family import family_of
@@ -123,10 +124,14 @@ def load_trained(settings: Settings) -> Trained:
 
 
 def checkpoint_model_config(
-    model: ModelSettings, trained: Trained, observation_shape: Sequence[int]
+    model: ModelSettings,
+    trained: Trained,
+    observation_shape: Sequence[int],
+    given: Collection[str] = (),
 ) -> dict:
     """The checkpoint's model, so that test and eval commands need not repeat the model
-    flags; a model flag that is given must match it."""
+    flags; a model flag that is given must match it. ``given``: the switches given (a
+    file's or the command line's, on or off: ``--no_use_lstm`` is said, not left out)."""
     config = model_config(model, observation_shape)
     state, path = trained.state, trained.path
     saved = state.get("model_config", {})
@@ -134,9 +139,11 @@ def checkpoint_model_config(
         config["hidden_size"] = saved["hidden_size"]
     if model.num_layers is None and "num_layers" in saved:
         config["num_layers"] = saved["num_layers"]
-    if not model.use_lstm and "use_lstm" in saved:
+    if "use_lstm" not in given and "use_lstm" in saved:
         config["use_lstm"] = saved["use_lstm"]
-    if model.torso is None and not model.use_resnet and "kind" in saved:
+    # --no_use_resnet says only what the torso is not.
+    resnet_said = model.use_resnet or ("use_resnet" in given and saved.get("kind") == "resnet")
+    if model.torso is None and not resnet_said and "kind" in saved:
         config["kind"] = saved["kind"]
     checkpoint.check_compatible(state, trained.env.env, config, path)
     return config
@@ -265,18 +272,28 @@ class EpisodeProgress:
             )
 
 
+def played_precision(settings: Settings, trained: Trained, given: Collection[str]) -> str:
+    """The --precision the model plays in: the one given, or else the one the run trained
+    with (its actors played in it: a run trained in fp32 is not played in bf16)."""
+    trained_with = trained.state.get("flags", {}).get("precision")
+    if "precision" in given or trained_with not in PRECISIONS:
+        return settings.model.precision
+    return trained_with
+
+
 def policy(settings: Settings, trained: Trained, spec: EnvSpec) -> Agent | RandomPolicy:
     """The checkpoint's model, playing greedily; or a random policy."""
     if settings.run.random_policy:
         return RandomPolicy(spec.num_actions, trained.env.seed)
-    config = checkpoint_model_config(settings.model, trained, spec.observation_shape)
+    given = {name for name, source in settings.run.sources if source != DEFAULT}
+    config = checkpoint_model_config(settings.model, trained, spec.observation_shape, given)
     checkpoint.check_spec(trained.state, spec, trained.path)  # the env's code changed since
     if "model_state_dict" not in trained.state:
         raise checkpoint.CheckpointError(
             f"{trained.path} is damaged: it has no model_state_dict: {checkpoint.RESTORE_IT}"
         )
     try:  # what the checkpoint records of its model, and its weights, are the file's
-        dtype = compute_dtype(settings.model.precision, "cpu", config["kind"])
+        dtype = compute_dtype(played_precision(settings, trained, given), "cpu", config["kind"])
         model = create_model(
             config,
             spec.observation_shape,
