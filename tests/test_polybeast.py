@@ -204,6 +204,8 @@ def test_a_learner_told_no_env_records_its_env_servers_proxy_and_refuses_another
         timeout=180,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
+    # Its proxy is its env servers' still: it said "--fuel_multiplier None (was 5.0)".
+    assert "--fuel_multiplier" not in resumed.stdout + resumed.stderr
     # Resumed against an env server of another proxy: refused, as its checkpoint says.
     other = warm_start.run(
         [*learner, "--env_servers", f"unix:{sockets}/one.0", "--total_steps", "600"],

@@ -376,3 +376,34 @@ def test_a_run_says_where_its_files_are_at_start_and_sums_itself_up_at_the_end(t
     assert f"{trainer.progress.window_text('.1f')}, best " in summary
     assert f"the checkpoint {run_dir / 'model.tar'} holds step 4000" in summary
     assert summary.endswith(f"curve: python -m torchbeast.plot {run_dir}")
+
+
+def test_a_resume_says_a_reward_proxy_changed_only_where_it_did(tmp_path):
+    from torchbeast.config.parsers import make_learner_parser
+    from torchbeast.runtime.checkpointing import changes_line
+
+    riverraid = "RiverraidNoFrameskip-v4"
+
+    def settings(*argv: str, runtime: str = "mono") -> Settings:
+        parser = make_learner_parser() if runtime == "poly" else None
+        flags, sources = parse_flags_and_sources([*argv, "--savedir", str(tmp_path)], parser)
+        return build_settings(flags, runtime, sources)
+
+    def flags_of(run: Settings) -> dict:
+        return dict(run.run.flags)
+
+    survival = settings("--env", riverraid, "--move_penalty", "0")
+    saved = flags_of(survival)
+    # The same proxy spelled otherwise: "--fuel_multiplier 1.0 (was None)" before.
+    spelled = settings("--env", riverraid, "--fuel_multiplier", "1", "--move_penalty", "0")
+    assert changes_line(saved, spelled, riverraid, flags_of(spelled)) is None
+    fuel = settings("--env", riverraid, "--fuel_multiplier", "5", "--move_penalty", "0")
+    line = changes_line(saved, fuel, riverraid, flags_of(fuel))
+    assert "--fuel_multiplier 5.0 (was 1.0): this run uses them" in line
+    assert "move_penalty" not in line
+    # A PolyBeast learner told no --env: its checkpoint recorded its env servers' proxy,
+    # which the streams must have again; it said "--fuel_multiplier None (was 1.0)".
+    learner = settings(runtime="poly")
+    told = {"fuel_multiplier": 1.0, "move_penalty": 0.0, "no_fire_on_life_loss": False}
+    recorded = flags_of(learner) | told
+    assert changes_line(recorded, learner, riverraid, recorded) is None

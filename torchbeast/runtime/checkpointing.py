@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
 
+from torchbeast import envs
 from torchbeast.core import checkpoint
 from torchbeast.core.errors import (
     RunFolderError,
@@ -52,10 +54,10 @@ NOT_RESTORED_LINE = (
 
 
 def learning_settings(settings: Settings) -> dict[str, object]:
-    """The run's settings that shape what it learns, by flag name: the learner's (loss,
-    optimizer, batch shape, length), the replay's, the model's starting weights and the env
-    family's options (e.g. a reward proxy)."""
-    values: dict[str, object] = dict(settings.env.options)
+    """The run's settings that shape what it learns, by flag name, but its env's: the
+    learner's (loss, optimizer, batch shape, length), the replay's and the model's
+    starting weights."""
+    values: dict[str, object] = {}
     for part in (settings.learner, settings.replay, settings.model):
         values.update(
             (field.name, getattr(part, field.name))
@@ -65,14 +67,31 @@ def learning_settings(settings: Settings) -> dict[str, object]:
     return values
 
 
-def changes_line(saved_flags: dict, settings: Settings) -> str | None:
+def changes_line(
+    saved_flags: dict, settings: Settings, env_id: str, run_flags: Mapping[str, object]
+) -> str | None:
     """The line that says which settings of a resumed run differ from those its checkpoint
-    was trained with, and what becomes of them; None where none differ."""
+    was trained with, and what becomes of them; None where none differ. The env family's
+    flags (a reward proxy) are those the run's envs are made with, from ``run_flags`` (a
+    PolyBeast learner told no --env: its checkpoint's), compared as the family compares
+    them (``EnvFamily.compared_options``: ``--move_penalty 0`` is ``--fuel_multiplier 1
+    --move_penalty 0``)."""
     changed = {
         name: (saved_flags[name], value)
         for name, value in learning_settings(settings).items()
         if name in saved_flags and saved_flags[name] != value
     }
+    names = [name for name, _ in settings.env.options]
+    compared = envs.family_of(env_id).compared_options
+    before, now = (
+        compared({name: flags[name] for name in names if flags.get(name) is not None})
+        for flags in (saved_flags, run_flags)
+    )
+    changed.update(
+        (name, (before.get(name), now.get(name)))
+        for name in names
+        if name in saved_flags and before.get(name) != now.get(name)
+    )
     if not changed:
         return None
 
@@ -176,7 +195,7 @@ class RunCheckpoint:
                 "use the environment and flags it was trained with, or another --xpid"
             ) from None
         saved_flags = state.get("flags", {})
-        self.changes = changes_line(saved_flags, self.settings)
+        self.changes = changes_line(saved_flags, self.settings, self.env_spec.env_id, self.flags)
         # What the run started from stays its record: a later start told nothing would
         # otherwise read "--weight_init pytorch (was ...)" of a flag that had no effect.
         started_from = {name: saved_flags[name] for name in ONLY_AT_START if name in saved_flags}
