@@ -1083,6 +1083,37 @@ def test_a_run_takes_envs_of_its_reward_proxy_however_the_proxy_was_spelled():
         score.register("survival", spec, options("--move_penalty", "0"))
 
 
+def test_a_first_envs_option_values_are_checked_before_the_run_takes_them(caplog):
+    # {"fuel_multiplier": "x"} from the first stream became the run's proxy, and the
+    # learner stopped with a TypeError as it read it ("x" >= 0).
+    riverraid = "RiverraidNoFrameskip-v4"
+    spec = envs.env_spec(env_settings(make_env_parser().parse_args(["--env", riverraid])))
+    run_spec = RunSpec(None, None)
+    for said, refused in (
+        ({"fuel_multiplier": "x"}, "--fuel_multiplier x: could not convert"),
+        ({"fuel_multiplier": True}, "--fuel_multiplier True: takes a value, not true or false"),
+        ({"no_fire_on_life_loss": 0}, "--no_fire_on_life_loss 0: a switch takes true or false"),
+    ):
+        with pytest.raises(SpecMismatch, match=f"^environment made with {refused}"):
+            run_spec.register("bad", spec, said)
+        assert run_spec.spec is None and run_spec.env_options is None  # it waits for another
+    run_spec.register("good", spec, {"fuel_multiplier": 5, "no_fire_on_life_loss": False})
+    assert run_spec.env_options == {"fuel_multiplier": 5.0, "no_fire_on_life_loss": False}
+    family = envs.family_of(riverraid)
+    assert family.presets(riverraid, run_spec.env_options) == []  # the fuel proxy: none
+
+    class Failing(envs.EnvFamily):  # a plug-in whose comparison breaks
+        name = "Failing"
+
+        def compared_options(self, options):
+            raise RuntimeError("broken")
+
+    from torchbeast.runtime.poly.run_spec import same_envs
+
+    assert not same_envs(Failing(), {}, {})  # that stream is refused, not the run
+    assert "Failing failed to compare env options: RuntimeError: broken" in caplog.text
+
+
 def test_test_mode_plays_the_env_the_learner_was_trained_on(tmp_path, processes, sockets):
     address = f"unix:{sockets}/learner"
     learner = processes(

@@ -15,10 +15,12 @@ the sources beside the flags.
 from __future__ import annotations
 
 import argparse
+import functools
 import tomllib
 from collections.abc import Mapping
 
 from torchbeast.config.argparser import did_you_mean
+from torchbeast.config.declared import add_declared_flags
 from torchbeast.core.errors import shown
 from torchbeast.envs.family import Preset, family_of
 from torchbeast.envs.registry import EnvError
@@ -84,6 +86,30 @@ def file_value(action: argparse.Action, value: object) -> object:
     if action.choices is not None and converted not in action.choices:
         raise ValueError(f"{converted!r} is not one of {', '.join(map(str, action.choices))}")
     return converted
+
+
+@functools.cache
+def declared_actions(options: type) -> dict[str, argparse.Action]:
+    """The parser's actions of the flags ``options`` declares (an env family's), by name."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_declared_flags(parser, options, group="options")
+    return flag_actions(parser)
+
+
+def checked_options(options: type | None, values: Mapping[str, object]) -> dict[str, object]:
+    """``values`` of the flags ``options`` declares (an env family's, as a peer's Hello
+    says them), each checked and made the flag's type as a config file's value is
+    (``file_value``: ``"x"`` is no --fuel_multiplier, 5 is 5.0); names it does not declare
+    as they are. ValueError naming the flag and its value."""
+    actions = declared_actions(options) if options is not None else {}
+    checked = dict(values)
+    for name, value in values.items():
+        if name in actions:
+            try:
+                checked[name] = file_value(actions[name], value)
+            except ValueError as error:
+                raise ValueError(f"--{name} {shown(value, quote=False)}: {error}") from None
+    return checked
 
 
 def read_config_file(path: str, parser: argparse.ArgumentParser) -> dict:

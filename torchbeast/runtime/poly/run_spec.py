@@ -8,8 +8,9 @@ import logging
 import threading
 
 from torchbeast import envs
+from torchbeast.config.layers import checked_options
 from torchbeast.core.checkpoint import describe_spec
-from torchbeast.core.errors import UserError, shown
+from torchbeast.core.errors import UserError, first_line, shown
 from torchbeast.core.models import model_config, parameters_over
 from torchbeast.core.settings import ModelSettings
 from torchbeast.core.spec import EnvSpec
@@ -50,22 +51,33 @@ class RunSpec:
     def register(self, client_id: str, spec: EnvSpec, env_options: dict[str, object]) -> None:
         """Checks a Hello's spec and env options against the run's; the first Hello
         decides the spec and the options only where the learner was told nothing of them
-        (no --env, and no checkpoint that records them)."""
+        (no --env, and no checkpoint that records them). The options are checked as a
+        flags file's values are (``"x"`` is no --fuel_multiplier) before anything reads
+        them."""
         with self.lock:
             if self.spec is not None and spec != self.spec:
                 raise SpecMismatch(
                     f"environment {describe_spec(spec)} does not match the run's "
                     f"{describe_spec(self.spec)}"
                 )
-            if self.env_options is not None and not self.same_envs(env_options):
-                raise SpecMismatch(
-                    f"environment made with {describe_options(env_options)} does not match "
-                    f"the run's environments, made with {describe_options(self.env_options)}"
-                )
             if self.spec is None:
                 check_first_env_id(spec.env_id)
                 if self.model is not None:
                     check_model_fits(spec, self.model)
+            # Only the run's env id, or one check_first_env_id let by, is looked up: a
+            # peer's module:Id imports nothing here.
+            family = family_or_none((self.spec or spec).env_id)
+            try:
+                env_options = checked_options(family and family.options, env_options)
+            except ValueError as error:
+                raise SpecMismatch(f"environment made with {error}") from None
+            if self.env_options is not None and not same_envs(
+                family, env_options, self.env_options
+            ):
+                raise SpecMismatch(
+                    f"environment made with {describe_options(env_options)} does not match "
+                    f"the run's environments, made with {describe_options(self.env_options)}"
+                )
             if self.env_options is None:
                 self.env_options = env_options  # before the spec is known: read with it
             if self.spec is None:
@@ -81,19 +93,34 @@ class RunSpec:
                     spec.num_actions,
                 )
 
-    def same_envs(self, env_options: dict[str, object]) -> bool:
-        """Whether a Hello's env options make the run's envs, compared as the run's family
-        decides (``EnvFamily.compared_options``: a proxy flag given its default value and
-        one not given are one proxy). Only the run's own env id is looked up: a peer's
-        ``module:Id`` imports nothing here."""
-        try:
-            family = envs.family_of(self.spec.env_id) if self.spec is not None else None
-        except envs.EnvError:  # a checkpoint's id no family takes now
-            family = None
-        if family is None:  # as they were said
-            return env_options == self.env_options
-        compared = family.compared_options
-        return compared(env_options) == compared(self.env_options)
+
+def family_or_none(env_id: str) -> envs.EnvFamily | None:
+    """``env_id``'s family; None for an id no family takes now (a checkpoint's, say)."""
+    try:
+        return envs.family_of(env_id)
+    except envs.EnvError:
+        return None
+
+
+def same_envs(
+    family: envs.EnvFamily | None, options: dict[str, object], run_options: dict[str, object]
+) -> bool:
+    """Whether env ``options`` make the run's envs (made with ``run_options``), compared as
+    their family compares them (``EnvFamily.compared_options``: a proxy flag given its
+    default value and one not given are one proxy); as they were said without a family.
+    A plug-in family whose comparison fails refuses the stream, not the run."""
+    if family is None:
+        return options == run_options
+    try:
+        return family.compared_options(options) == family.compared_options(run_options)
+    except Exception as error:
+        log.warning(
+            "%s failed to compare env options: %s: %s",
+            family.name,
+            type(error).__name__,
+            first_line(error),
+        )
+        return False
 
 
 def check_first_env_id(env_id: str) -> None:
