@@ -181,3 +181,30 @@ def recording(model, passes: list[int]):
         return model(inputs, core_state, act=act)
 
     return forward
+
+
+def test_each_streams_lstm_state_from_a_batched_pass_is_its_own_not_a_view_of_the_pass():
+    # Each queued rollout kept the whole pass's [layers, N, H] state alive through a view.
+    settings = small_settings("--use_lstm")
+    spec = envs.env_spec(settings.env)
+    config = model_config(settings.model, spec.observation_shape)
+    model = create_model(config, spec.observation_shape, spec.num_actions)
+    inference = StreamInference(model, config, spec, settings.runtime)
+
+    def request(rows: int):
+        inputs = dict(
+            frame=torch.randn(1, rows, *spec.observation_shape),
+            reward=torch.zeros(1, rows),
+            done=torch.zeros(1, rows, dtype=torch.bool),
+            last_action=torch.zeros(1, rows, dtype=torch.int64),
+        )
+        return inputs, tuple(s.expand(-1, rows, -1).contiguous() for s in model.initial_state(1))
+
+    try:
+        results = inference.infer([request(2), request(3)])
+        for (_, state), rows in zip(results, (2, 3), strict=True):
+            for tensor in state:
+                assert tensor.shape[1] == rows
+                assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    finally:
+        inference.close()

@@ -136,7 +136,9 @@ class StreamInference:
                 results.append(
                     (
                         {key: value[0, start:end] for key, value in outputs.items()},
-                        tuple(s[:, start:end] for s in core_state),
+                        # Its own copy: a view would keep the whole pass's state alive
+                        # in every rollout queued from it (LSTM: [layers, N, H] each).
+                        tuple(s[:, start:end].clone() for s in core_state),
                     )
                 )
             start = end
