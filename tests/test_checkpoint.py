@@ -54,6 +54,19 @@ def test_save_replaces_an_older_checkpoint(tmp_path):
     assert checkpoint.load(path) == dict(step=2)
 
 
+def test_a_checkpoint_is_readable_as_the_runs_other_files_are(tmp_path):
+    # It was written as a temporary file (mode 0600): a colleague could not evaluate it.
+    previous = os.umask(0o022)
+    try:
+        checkpoint.save(str(tmp_path / "model.tar"), training_state())
+        (tmp_path / "logs.csv").write_text("")
+    finally:
+        os.umask(previous)
+    mode = os.stat(tmp_path / "model.tar").st_mode & 0o777
+    assert mode == os.stat(tmp_path / "logs.csv").st_mode & 0o777 == 0o644
+    assert sorted(os.listdir(tmp_path)) == ["logs.csv", "model.tar"]  # no temporary file
+
+
 def test_loaded_state_restores_a_learner(tmp_path):
     path = str(tmp_path / "model.tar")
     state = training_state()

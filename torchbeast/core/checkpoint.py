@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from torchbeast.core.errors import SHOWN_CHARS, UserError, first_line, shown
+from torchbeast.core.files import replaced_whole
 from torchbeast.core.spec import EnvSpec
 
 FILE_NAME = "model.tar"  # in the run's folder, savedir/xpid
@@ -37,19 +38,13 @@ def saved_env_id(state: dict, path: str) -> str:
 
 
 def save(path: str, state: dict) -> None:
-    """Writes ``state`` to ``path`` via a temp file and rename: never a half-written file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp_path = tempfile.mkstemp(prefix=".model.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        if os.path.exists(tmp_path):
-            os.unlink(tmp_path)
-        raise
+    """Writes ``state`` to ``path`` whole or not at all (``files.replaced_whole``), on disk
+    before it takes the old file's place; readable as the run's other files are (the
+    umask's mode, not a temporary file's 0600: a colleague evaluates it too)."""
+    with replaced_whole(Path(path)) as temporary, open(temporary, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def load(path: str, map_location: str | torch.device = "cpu") -> dict:
