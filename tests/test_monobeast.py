@@ -399,6 +399,22 @@ def test_a_run_without_checkpoints_stopped_by_sigterm_says_the_command_starts_ag
     assert process.returncode == STOPPED_BY_SIGTERM
     # It said "run the same command to resume", which started from step 0.
     assert "no checkpoint (--disable_checkpoint): run the same command to start again" in output
+    # Resumed with --disable_checkpoint, it said "no checkpoint (--disable_checkpoint): run
+    # the same command to resume", of the checkpoint it resumed from, which it kept as it was.
+    assert monobeast(tmp_path, *SMALL_RUN, "--total_steps", "80", "--xpid", "saved").returncode == 0
+    rows = len(read_rows(tmp_path / "saved" / "logs.csv"))
+    step = torch.load(tmp_path / "saved" / "model.tar", weights_only=True)["step"]
+    process = start_monobeast(tmp_path, *run[:-1], "saved")
+    try:
+        wait_for_rows(tmp_path / "saved" / "logs.csv", rows + 2)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == STOPPED_BY_SIGTERM
+    assert (
+        f"the checkpoint {tmp_path / 'saved' / 'model.tar'} holds step {step}, where this run "
+        "resumed (--disable_checkpoint saved nothing since): run the same command to resume"
+    ) in output
 
 
 def test_a_run_named_for_its_start_time_says_which_xpid_resumes_it(tmp_path):

@@ -284,16 +284,22 @@ class RunCheckpoint:
     def good_one(self) -> str:
         """What stays on disk where the weights broke: "the checkpoint ... holds step N,
         its last good weights", or that there is none."""
-        if self.run.disable_checkpoint or self.saved_step is None:
+        if self.saved_step is None:
             return "no checkpoint was written before the weights broke"
         return f"{self.on_disk()}, its last good weights"
 
     def on_disk(self) -> str:
-        """What the checkpoint on disk holds, for the line that stops a run."""
-        if self.run.disable_checkpoint:
-            return "no checkpoint (--disable_checkpoint)"
+        """What the checkpoint on disk holds, for the line that stops a run: with
+        --disable_checkpoint, none, or the one this run resumed from, as it was."""
         if self.saved_step is None:
+            if self.run.disable_checkpoint:
+                return "no checkpoint (--disable_checkpoint)"
             return "no checkpoint could be written"
+        if self.run.disable_checkpoint:
+            return (
+                f"the checkpoint {self.path} holds step {self.saved_step}, where this run "
+                "resumed (--disable_checkpoint saved nothing since)"
+            )
         return f"the checkpoint {self.path} holds step {self.saved_step}"
 
 
