@@ -195,6 +195,32 @@ def test_check_spec_lets_a_run_resume_with_other_episode_extras():
     checkpoint.check_spec(state, PLAIN, "model.tar")
 
 
+@pytest.mark.parametrize(
+    "env_spec",
+    [
+        {"env_id": "CartPole-v1", "observation_dtype": "float32", "num_actions": 2},
+        {**checkpoint.spec_state(PLAIN), "observation_dtype": "no dtype"},
+        "CartPole-v1",
+    ],
+)
+def test_a_checkpoint_whose_env_spec_is_damaged_is_one_line(env_spec):
+    # A missing key was a KeyError's traceback, in resume, play and PolyBeast's learner.
+    with pytest.raises(CheckpointError) as error:
+        checkpoint.check_spec({"env_spec": env_spec}, PLAIN, "run/model.tar")
+    message = str(error.value)
+    assert message.startswith("run/model.tar is damaged: its env spec cannot be read (")
+    assert message.endswith(checkpoint.RESTORE_IT) and "\n" not in message
+
+
+def test_a_model_config_key_only_the_checkpoint_has_is_named():
+    # "holds another model: ; pass the model flags": the key was the file's alone.
+    state = training_state()
+    config = dict(state["model_config"])
+    state["model_config"] = {**config, "width": 3}
+    with pytest.raises(CheckpointError, match="holds another model: width 3 \\(given None\\);"):
+        checkpoint.check_compatible(state, "CartPole-v1", config, "model.tar")
+
+
 # A checkpoint is only used for the env and model it was trained with.
 
 

@@ -119,19 +119,26 @@ def spec_state(spec: EnvSpec) -> dict:
     )
 
 
-def saved_spec(state: dict) -> EnvSpec | None:
+def saved_spec(state: dict, path: str = "the checkpoint") -> EnvSpec | None:
     """The env spec a checkpoint was trained on (None for checkpoints older than the field;
-    no episode extras for those older than that field: see ``saves_episode_extras``)."""
+    no episode extras for those older than that field: see ``saves_episode_extras``);
+    CheckpointError for one that cannot be read (``path``: the file, for the line)."""
     saved = state.get("env_spec")
     if saved is None:
         return None
-    return EnvSpec(
-        saved["env_id"],
-        tuple(saved["observation_shape"]),
-        np.dtype(saved["observation_dtype"]),
-        int(saved["num_actions"]),
-        tuple(saved.get("episode_extras", ())),
-    )
+    try:
+        return EnvSpec(
+            str(saved["env_id"]),
+            tuple(int(size) for size in saved["observation_shape"]),
+            np.dtype(saved["observation_dtype"]),
+            int(saved["num_actions"]),
+            tuple(str(name) for name in saved.get("episode_extras", ())),
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        reason = shown(first_line(error, type(error).__name__), quote=False)
+        raise CheckpointError(
+            f"{path} is damaged: its env spec cannot be read ({reason}): {RESTORE_IT}"
+        ) from None
 
 
 def saves_episode_extras(state: dict) -> bool:
@@ -142,7 +149,7 @@ def saves_episode_extras(state: dict) -> bool:
 def check_spec(state: dict, spec: EnvSpec, path: str) -> None:
     """Refuses a checkpoint trained on an environment with other observations or actions.
     (The episode extras may differ: they are logged, not learned from.)"""
-    saved = saved_spec(state)
+    saved = saved_spec(state, path)
     if saved is not None and dataclasses.replace(saved, episode_extras=spec.episode_extras) != spec:
         raise CheckpointError(
             f"checkpoint {path} was trained on {describe_spec(saved)}, but the environment "
@@ -184,10 +191,14 @@ def check_compatible(state: dict, env_id: str, model_config: dict, path: str) ->
             f"pass --env {saved_env}, or another --xpid"
         )
     saved_model = state["model_config"]
+    if not isinstance(saved_model, dict):
+        raise CheckpointError(f"{path} is damaged: its model config is no table: {RESTORE_IT}")
     if saved_model != model_config:
+        keys = sorted({*model_config, *map(str, saved_model)})  # a key of the file's alone too
         differences = ", ".join(
-            f"{key} {shown(saved_model.get(key), quote=False)} (given {model_config.get(key)})"
-            for key in sorted(model_config)
+            f"{shown(key, quote=False)} {shown(saved_model.get(key), quote=False)} "
+            f"(given {model_config.get(key)})"
+            for key in keys
             if saved_model.get(key) != model_config.get(key)
         )
         raise CheckpointError(

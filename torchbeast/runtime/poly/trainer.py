@@ -82,7 +82,7 @@ def learner_spec(settings: Settings) -> tuple[EnvSpec | None, dict[str, object] 
     }
     if not checkpoint.saves_episode_extras(state):  # an older checkpoint: the flags tell them
         return envs.env_spec(env), options or None
-    return checkpoint.saved_spec(state), options or None
+    return checkpoint.saved_spec(state, path), options or None
 
 
 def hello_options(env: EnvSettings) -> dict[str, object]:
