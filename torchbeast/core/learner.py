@@ -74,7 +74,9 @@ class UndoBuffer:
         self.had_state: set[nn.Parameter] = set()
 
     def save(self) -> None:
-        self.had_state = set(self.optimizer.state)
+        # A parameter's empty state is none: the optimizer's state is a defaultdict, which
+        # merely looking up a parameter fills (a CUDA graph's setup, ``optim``'s settings).
+        self.had_state = {param for param, state in self.optimizer.state.items() if state}
         live = [*self.model.parameters(), *self.model.buffers()]
         for state in self.optimizer.state.values():
             live += [value for value in state.values() if torch.is_tensor(value)]
