@@ -843,6 +843,28 @@ def test_a_cell_whose_folder_cannot_hold_its_record_is_failed_in_the_table(tmp_p
     assert second["status"] == "finished"
 
 
+def test_a_cell_whose_cpus_and_gpus_no_one_node_has_is_refused_not_queued_forever():
+    # 8 CPUs and a GPU passed: the largest node had 16 CPUs, another had the GPU.
+    from torchbeast.study import Resources, StudyError
+    from torchbeast.study_cluster import check_fits
+
+    def node(cpus: float, gpus: float = 0.0) -> dict:  # as ray.nodes() says it
+        return {"Alive": True, "Resources": {"CPU": cpus, **({"GPU": gpus} if gpus else {})}}
+
+    nodes = [node(16), node(4, 1)]
+    with pytest.raises(StudyError) as error:
+        check_fits(Resources(cpus=8, gpus=1), nodes)
+    assert str(error.value) == (
+        "a cell asks for 8 CPUs and 1 GPUs on one node ([resources] cpus, gpus) but no node "
+        "of the Ray cluster has both (its nodes: 16 CPUs and 0 GPUs, 4 CPUs and 1 GPUs): "
+        "lower them, or add a node with them"
+    )
+    check_fits(Resources(cpus=4, gpus=1), nodes)
+    check_fits(Resources(cpus=16), nodes)
+    with pytest.raises(StudyError, match="asks for 2 GPUs .* the largest node .* has 1:"):
+        check_fits(Resources(cpus=1, gpus=2), nodes)
+
+
 def test_files_without_a_cluster_is_one_line(tmp_path):
     from torchbeast import study
 

@@ -47,6 +47,7 @@ from torchbeast.study import (
     Cell,
     CellJob,
     CellProcess,
+    Resources,
     Study,
     StudyError,
     earlier_record,
@@ -271,20 +272,31 @@ def cluster_cells(study: Study, address: str, files: str, cells: int) -> Iterato
         signal.signal(signal.SIGTERM, handler)  # Ray's driver puts in its own, which aborts
     try:
         alive = [node for node in ray.nodes() if node.get("Alive")]
-        check_fits(study, alive)
+        check_fits(study.resources, alive)
         cpus = ray.cluster_resources().get("CPU", 0)
         yield ClusterCells(study, files, cells, len(alive), cpus)
     finally:
         ray.shutdown()
 
 
-def check_fits(study: Study, nodes: list[dict]) -> None:
-    """Refuses a cell that no node of the cluster could hold (Ray would queue it forever)."""
-    for name, wanted in (("CPU", study.resources.cpus), ("GPU", study.resources.gpus)):
-        largest = max((node["Resources"].get(name, 0.0) for node in nodes), default=0.0)
-        if wanted > largest:
+def check_fits(resources: Resources, nodes: list[dict]) -> None:
+    """Refuses a cell that no node of the cluster could hold, its CPUs and GPUs on one node
+    (Ray would queue it forever); ``nodes``: the live ones, as ``ray.nodes()`` gives them."""
+    wanted = {"CPU": resources.cpus, "GPU": resources.gpus}
+    has = [{name: node["Resources"].get(name, 0.0) for name in wanted} for node in nodes]
+    if any(all(count <= node[name] for name, count in wanted.items()) for node in has):
+        return
+    for name, count in wanted.items():
+        largest = max((node[name] for node in has), default=0.0)
+        if count > largest:
             key = name.lower() + "s"
             raise StudyError(
-                f"a cell asks for {wanted:g} {name}s ([resources] {key}) but the largest node "
+                f"a cell asks for {count:g} {name}s ([resources] {key}) but the largest node "
                 f"of the Ray cluster has {largest:g}: lower {key}, or add a node with them"
             )
+    nodes_text = ", ".join(f"{node['CPU']:g} CPUs and {node['GPU']:g} GPUs" for node in has)
+    raise StudyError(
+        f"a cell asks for {resources.cpus:g} CPUs and {resources.gpus:g} GPUs on one node "
+        f"([resources] cpus, gpus) but no node of the Ray cluster has both (its nodes: "
+        f"{nodes_text}): lower them, or add a node with them"
+    )
