@@ -221,6 +221,23 @@ def test_bad_ray_address_is_one_clear_error(tmp_path, address, fragment):
     assert_one_error_line(result, fragment)
 
 
+def test_joining_without_the_clusters_token_says_what_to_set(tmp_path, ray_cluster):
+    # "Start one with `ray start --head`": the cluster was there, this machine lacked its
+    # token (or the head ran without token authentication, which Ray also refuses so).
+    home = tmp_path / "home"
+    home.mkdir()  # no ~/.ray/auth_token
+    unset = ("RAY_AUTH_TOKEN", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
+    env = {k: v for k, v in os.environ.items() if k not in unset} | {"HOME": str(home)}
+    command = raybeast_command(tmp_path, *SMALL_RUN, "--ray_address", ray_cluster)
+    result = warm_start.run(command, timeout=120, env=env)
+    assert_one_error_line(
+        result,
+        f"cannot join the Ray cluster at --ray_address {ray_cluster}: ",
+        "Give this machine the head's token (RAY_AUTH_TOKEN, or ~/.ray/auth_token",
+        "set RAY_AUTH_MODE=disabled here",
+    )
+
+
 GIVE_THE_GCS = "give the head's address as `ray start --head` printed it"
 
 

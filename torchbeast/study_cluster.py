@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from torchbeast.core.files import write_whole
-from torchbeast.runtime.ray.prepare import prepare_ray_environment
+from torchbeast.runtime.ray.prepare import cannot_join, prepare_ray_environment
 from torchbeast.runtime.training import TrainingError
 from torchbeast.study import (
     Cell,
@@ -263,10 +263,8 @@ def cluster_cells(study: Study, address: str, files: str, cells: int) -> Iterato
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as error:
-        lines = str(error).strip().splitlines() or [type(error).__name__]
         raise StudyError(
-            f"cannot join the Ray cluster at --ray_address {address}: {lines[-1]}. Start "
-            "one with `ray start --head`, or leave out --ray_address to run the cells here"
+            cannot_join(address, error, "leave out --ray_address to run the cells here")
         ) from None
     finally:
         signal.signal(signal.SIGTERM, handler)  # Ray's driver puts in its own, which aborts

@@ -67,6 +67,23 @@ def prepare_ray_environment(
         check_reachable(address, named, without)
 
 
+def cannot_join(address: str, error: Exception, without: str) -> str:
+    """The line for a Ray cluster at ``address`` that ``ray.init`` could not join
+    (``error``); ``without``: what the command does without an address. A token refused,
+    or asked for of a cluster started without token authentication (``ray start --head``
+    with no token on its machine), says what to set."""
+    from torchbeast.runtime.supervision import last_line  # noqa: PLC0415 - torch-free here
+
+    line = f"cannot join the Ray cluster at --ray_address {address}: {last_line(error)}. "
+    if type(error).__name__ == "AuthenticationError":  # ray.exceptions': Ray not imported
+        return line + (
+            "Give this machine the head's token (RAY_AUTH_TOKEN, or ~/.ray/auth_token, "
+            "which `ray get-auth-token` prints on the head), or, for a head started without "
+            "token authentication, set RAY_AUTH_MODE=disabled here"
+        )
+    return line + f"Start one with `ray start --head`, or {without}"
+
+
 def auto_address() -> tuple[str, str] | None:
     """The address ``--ray_address auto`` joins, found as Ray finds it: $RAY_ADDRESS, else
     the cluster last started on this machine (its temp dir's ray_current_cluster), with

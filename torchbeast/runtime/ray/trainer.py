@@ -18,7 +18,8 @@ from torchbeast import envs
 from torchbeast.config.settings import Settings
 from torchbeast.runtime.ray.actor_pool import RayActorPool
 from torchbeast.runtime.ray.actors import RayWeights
-from torchbeast.runtime.supervision import STOP_SIGNALS, last_line, signals_blocked
+from torchbeast.runtime.ray.prepare import cannot_join
+from torchbeast.runtime.supervision import STOP_SIGNALS, signals_blocked
 from torchbeast.runtime.training import Trainer, TrainingError
 
 log = logging.getLogger("torchbeast")
@@ -81,9 +82,7 @@ def connect(settings: Settings) -> str:
             ray.init(address=address, **quiet)
         except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as error:
             raise TrainingError(
-                f"cannot join the Ray cluster at --ray_address {address}: "
-                f"{last_line(error)}. Start one with `ray start --head`, or leave out "
-                "--ray_address to run Ray on this machine"
+                cannot_join(address, error, "leave out --ray_address to run Ray on this machine")
             ) from None
         finally:
             signal.signal(signal.SIGTERM, handler)
