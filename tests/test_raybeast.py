@@ -591,13 +591,16 @@ def test_more_actors_than_ray_can_place_is_one_line(tmp_path, ray_cluster):
     # Ray places at least 0.0001 CPUs an actor: 2 CPUs take 20000 actors.
     result = raybeast(
         tmp_path, *SMALL_RUN, "--num_actors", "30000", "--envs_per_actor", "1",
-        "--ray_address", ray_cluster,
+        "--ray_address", ray_cluster, "--xpid", "run",
     )  # fmt: skip
     assert_one_error_line(
         result,
         "30000 actors are too many for the 2 CPUs free on the Ray cluster",
         "give at most 20000 --num_actors, with more --envs_per_actor each",
     )
+    # Its meta.json said it had not ended (date_end null), as a crashed run's does.
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["date_end"] is not None and meta["successful"] is False
 
 
 def test_a_cluster_without_cpus_is_told_apart_from_one_whose_cpus_are_taken(monkeypatch):

@@ -522,7 +522,11 @@ class Trainer:
         stops the actors and closes the files whatever happened; returns the signal that
         stopped the run (SIGTERM or Ctrl-C's SIGINT), None for none."""
         started, first_step = time.monotonic(), self.learner.step
-        pool = self.pool = self.create_pool()
+        try:
+            pool = self.pool = self.create_pool()
+        except BaseException:  # refused as it starts (RayBeast's CPUs): the files say so
+            writer.close(successful=False)
+            raise
         if sigterm.received:  # while the pool was made
             self.request_stop()
         # Ctrl-C while it trains: the first stops the run as SIGTERM does, the others
