@@ -246,3 +246,24 @@ def test_test_and_eval_play_the_trained_model_and_precision_and_refuse_a_switch_
     with pytest.raises(CheckpointError, match="use_lstm"):
         played("--no_use_lstm")
     assert played("--no_use_resnet").use_lstm  # true of it: its own torso, an MLP
+
+
+def test_where_training_runs_given_to_test_or_eval_is_said_to_be_unused(tmp_path):
+    # `raybeast --mode eval --ray_address HEAD` played here without a word.
+    assert monobeast(tmp_path, *TRAIN, "--total_steps", "200", "--xpid", "a").returncode == 0
+    play = ["--savedir", str(tmp_path), "--xpid", "a", "--num_episodes", "1"]
+    for module, given in (
+        ("torchbeast.raybeast", ["--ray_address", "127.0.0.1:1"]),
+        ("torchbeast.polybeast_learner", ["--env_servers", "unix:/nowhere"]),
+    ):
+        command = [sys.executable, "-m", module, "--mode", "eval", *play, *given]
+        played = warm_start.run(command, timeout=120)
+        assert played.returncode == 0, played.stderr
+        names = " ".join(word for word in given if word.startswith("--"))
+        assert f"{names}: --mode eval plays on this machine, with an env of its own" in (
+            played.stdout
+        )
+    quiet = warm_start.run(
+        [sys.executable, "-m", "torchbeast.monobeast", "--mode", "eval", *play], timeout=120
+    )
+    assert "plays on this machine" not in quiet.stdout + quiet.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -17,6 +18,8 @@ from torchbeast.core.errors import UserError, os_error_line
 from torchbeast.runtime.console import setup_console_logging
 from torchbeast.runtime.registry import RUNTIMES
 from torchbeast.runtime.supervision import RunBusy, Stopped, run_folder_held, sigterm_handled
+
+log = logging.getLogger("torchbeast")
 
 # gym's DependencyNotInstalled: e.g. --mode test_render of CartPole without pygame.
 USER_ERRORS = (UserError, RunBusy, gym.error.DependencyNotInstalled)
@@ -59,6 +62,10 @@ def has_display() -> bool:
     return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
+# Where training runs or gets its envs other than here: test and eval do not use them.
+PLACES_OF_TRAINING = ("ray_address", "env_servers", "serve", "connect")
+
+
 def run(
     parser: argparse.ArgumentParser,
     argv: list[str] | None,
@@ -84,6 +91,17 @@ def run(
             return report_errors(train_alone)
     from torchbeast import evaluation  # imports torch, which the modes above do not need
 
+    setup_console_logging(settings.run.suppress_logs)
+    sources = dict(settings.run.sources)
+    if elsewhere := [
+        f"--{name}" for name in PLACES_OF_TRAINING if sources.get(name) == COMMAND_LINE
+    ]:
+        log.warning(
+            "%s: --mode %s plays on this machine, with an env of its own; %s not used.",
+            " ".join(elsewhere),
+            mode,
+            "it is" if len(elsewhere) == 1 else "they are",
+        )
     if mode == "eval":
         return report_errors(lambda: evaluation.evaluate(settings))
     return report_errors(lambda: evaluation.test(settings, render=mode == "test_render"))
