@@ -74,10 +74,11 @@ class StreamRollouts:
         client_id = stream.client_id
         size_limit = codec.max_step_bytes(spec, num_envs)
         keys = rollout.env_keys(spec)
-        # [T+1, E, ...]: the stream's E envs side by side, as the model wants them.
+        # [T+1, E, ...]: the stream's E envs side by side, as the model wants them; made so
+        # (a transposed copy of [E, T+1, ...] took twice what the stream reserved).
         buffers = {
-            key: value.transpose(0, 1).contiguous()
-            for key, value in rollout.allocate(spec, T, num_envs).items()
+            key: torch.zeros((shape[0], num_envs, *shape[1:]), dtype=dtype)
+            for key, (shape, dtype) in rollout.rollout_spec(spec, T).items()
         }
         arrays = {key: value.numpy() for key, value in buffers.items()}  # views, for numpy writes
         core_state = initial_core_state = tuple(
