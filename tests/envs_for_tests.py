@@ -76,6 +76,26 @@ class RaisingEnv(OverflowRewardEnv):
         return super().step(action)
 
 
+# The first HangingOnce env to reach its step 50 makes this file and then never returns;
+# the others (a replacement actor's too) go on. A test removes the file first.
+HANG_ONCE_MARKER = os.path.join("/tmp", f"torchbeast-hang-once-{os.getuid()}")
+
+
+class HangingOnceEnv(OverflowRewardEnv):
+    """Hangs in its step 50, once per marker file, as an env stuck in a call would."""
+
+    def step(self, action):
+        if self.steps == 50:
+            try:
+                os.close(os.open(HANG_ONCE_MARKER, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                while True:
+                    time.sleep(60)
+        return super().step(action)
+
+
 class NanObservationEnv(OverflowRewardEnv):
     """Observes NaN from its step 30, as a physics simulation that blew up would."""
 
@@ -91,6 +111,7 @@ if "Float64Observation-v0" not in gym.registry:
     gym.register("SelfKilling-v0", entry_point=SelfKillingEnv)
     gym.register("Raising-v0", entry_point=RaisingEnv)
     gym.register("NanObservation-v0", entry_point=NanObservationEnv)
+    gym.register("HangingOnce-v0", entry_point=HangingOnceEnv)
 
 
 class CoinsEnv(OverflowRewardEnv):

@@ -522,6 +522,44 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+HUNG_ACTOR = LOST_CPU.replace(
+    'ray.cluster_resources = lambda: {"CPU": 3.0}  # what the actors\' shares are taken from\n'
+    'ray.available_resources = lambda: {"CPU": 3.0}\n',
+    "",
+).replace("actor_pool.START_DEADLINE_S = 5.0", "actor_pool.HUNG_DEADLINE_S = 5.0")
+
+
+def test_a_hung_actor_is_replaced_and_training_goes_on(tmp_path, ray_cluster):
+    # An env stuck in its step: the run waited for its actor's rollouts for ever, without
+    # a word (the other actor held back, at 0 SPS).
+    from tests.envs_for_tests import HANG_ONCE_MARKER
+
+    if os.path.exists(HANG_ONCE_MARKER):
+        os.unlink(HANG_ONCE_MARKER)
+    flags = [*SMALL_RUN, "--env", "tests.envs_for_tests:HangingOnce-v0"]
+    flags += ["--batch_size", "8"]  # each batch takes both actors' envs, the hung one's too
+    flags += ["--ray_address", ray_cluster, "--total_steps", "4000"]
+    flags += ["--savedir", str(tmp_path), "--xpid", "run"]
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", HUNG_ACTOR, *flags],
+            cwd=REPO, capture_output=True, text=True, timeout=240, env=os.environ | LOOPBACK,
+        )  # fmt: skip
+    finally:
+        hung = os.path.exists(HANG_ONCE_MARKER)
+        if hung:
+            os.unlink(HANG_ONCE_MARKER)
+    assert hung, "no env hung"
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert re.search(
+        r"Actor [01] died \(no rollout 5 s after it was asked for one: is an env stuck in its "
+        r"step\?\); starting a new one\.",
+        output,
+    ), output
+    assert int(read_rows(tmp_path / "run" / "logs.csv")[-1]["step"]) >= 4000
+
+
 def test_an_actor_the_cluster_cannot_place_stops_the_run_with_one_line(tmp_path, ray_cluster):
     # Each of 3 actors asks for 1 CPU of the 2 there are: one never starts, and the
     # run, which would wait for it without a word, stops saying why, its checkpoint saved.

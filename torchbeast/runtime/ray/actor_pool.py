@@ -28,6 +28,10 @@ WAIT_S = 0.1
 # An actor (a replacement too) that has sent no rollout this long after it was asked for
 # cannot be placed: the cluster lost the CPUs it had at the start (a node went down).
 START_DEADLINE_S = 300.0
+# A started actor asked for a rollout this long ago that has sent none is hung (an env
+# stuck in its step): it is replaced as a dead one is, where the run would wait for it
+# without a word (its envs' share of the batch never comes, and the others wait).
+HUNG_DEADLINE_S = 300.0
 
 
 def cpus_per_actor(num_actors: int) -> float:
@@ -105,6 +109,7 @@ class RayActorPool(Pool):
         self.starting_since: list[float | None] = [None] * num_actors
         self.incarnations = [first_incarnation] * num_actors
         self.pending: dict[ray.ObjectRef, tuple[int, int]] = {}  # task -> (actor, incarnation)
+        self.asked_at: dict[ray.ObjectRef, float] = {}  # task -> when it was submitted
         self.restarts = RestartBudget(num_actors)
         self.timings = np.zeros(4)  # env, inference, all CPU seconds; agent steps
         self.started = time.monotonic()
@@ -138,6 +143,7 @@ class RayActorPool(Pool):
                 return
             task = actor.unroll.remote([ref], version)
             self.pending[task] = (actor_index, self.incarnations[actor_index])
+            self.asked_at[task] = time.monotonic()
 
     def stop(self) -> None:
         self.stopping.set()
@@ -148,6 +154,7 @@ class RayActorPool(Pool):
                 if actor is not None:
                     ray.kill(actor, no_restart=True)
             self.pending.clear()
+            self.asked_at.clear()
 
     # The collector thread.
 
@@ -163,6 +170,7 @@ class RayActorPool(Pool):
                 for task in ready:
                     self._finish(task)
                 self._check_starts()
+                self._check_hung()
         except Closed:
             pass  # stopping
         except Exception as error:  # surfaced as the run's error, not swallowed
@@ -172,6 +180,7 @@ class RayActorPool(Pool):
     def _finish(self, task: ray.ObjectRef) -> None:
         with self.lock:
             owner = self.pending.pop(task, None)
+            self.asked_at.pop(task, None)
         if owner is None or self.stopping.is_set():
             return  # abandoned by stop()
         actor_index, incarnation = owner
@@ -220,6 +229,28 @@ class RayActorPool(Pool):
             "down, or other work take them?); run it again (with this run's --xpid) to go on "
             "with the CPUs free then"
         )
+
+    def _check_hung(self) -> None:
+        """Replaces a started actor whose oldest task has sent nothing for
+        ``HUNG_DEADLINE_S`` (and is not waiting to be read), as a dead one is."""
+        now = time.monotonic()
+        with self.lock:
+            oldest: dict[tuple[int, int], tuple[float, ray.ObjectRef]] = {}
+            for task, owner in self.pending.items():
+                index, incarnation = owner
+                if incarnation != self.incarnations[index] or self.starting_since[index]:
+                    continue  # a dead one's, or one not started: _check_starts' to judge
+                asked = self.asked_at.get(task, now)
+                if owner not in oldest or asked < oldest[owner][0]:
+                    oldest[owner] = (asked, task)
+        for (index, incarnation), (asked, task) in oldest.items():
+            if now - asked <= HUNG_DEADLINE_S or ray.wait([task], timeout=0)[0]:
+                continue
+            error = TimeoutError(
+                f"no rollout {HUNG_DEADLINE_S:.0f} s after it was asked for one: is an env "
+                "stuck in its step?"
+            )
+            self._replace_dead_actor(index, incarnation, error)
 
     def _submit_unless_ahead(self, actor_index: int) -> None:
         with self.lock:
