@@ -238,3 +238,27 @@ class WalkEnv(OverflowRewardEnv):
 
 if "Walk-v0" not in gym.registry:
     gym.register("Walk-v0", entry_point=WalkEnv)
+
+
+# CartPole cut short by a time limit at 16 steps: random play (about 22 steps a game) ends
+# some of its episodes itself before then, and the time limit ends the others (truncated).
+if "TimeLimitedCartPole-v0" not in gym.registry:
+    gym.register(
+        "TimeLimitedCartPole-v0",
+        entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+        max_episode_steps=16,
+    )
+
+# Pong as ale-py registers it, but with a time limit of 400 frames (100 agent steps).
+if "ShortPongNoFrameskip-v4" not in gym.registry:
+    gym.register(
+        "ShortPongNoFrameskip-v4",
+        entry_point="ale_py.env:AtariEnv",
+        kwargs={
+            "game": "pong",
+            "repeat_action_probability": 0.0,
+            "full_action_space": False,
+            "frameskip": 1,
+            "max_num_frames_per_episode": 400,
+        },
+    )

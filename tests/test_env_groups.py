@@ -237,3 +237,58 @@ def test_monobeast_says_how_its_actors_step_their_envs(tmp_path):
         "each actor steps its 4 envs in 2 groups of 2 that take turns waiting for their "
         "actions (--env_groups)."
     ) in out_log
+
+
+def test_groups_ask_the_server_for_the_value_where_a_time_limit_ended_an_episode():
+    """The value of the state a truncated episode stopped in comes from the server too, in
+    one more pass for the group, from the LSTM state its new frame would be read with."""
+    from tests.test_rollout_layout import TIME_LIMITED, keeping_steps
+
+    settings = mono_settings("--central_inference", "--use_lstm", *TIME_LIMITED)
+    actor, server, conns, learner_model = grouped_actor(settings, groups=2)
+    env_steps: list[list[dict]] = [[], []]  # each group's envs' outputs, step by step
+    for group, unroller in enumerate(actor.groups):
+        keeping_steps(unroller.env, env_steps[group])
+    for conn, row in conns.items():
+        server.add(row, conn)
+    serving = threading.Thread(target=server.serve)  # as the inference process serves
+    serving.start()
+    spec = envs.env_spec(settings.env)
+    columns: list[list[dict]] = [[] for _ in range(E)]
+    states: list[list[tuple]] = [[] for _ in range(E)]
+    try:
+        core_states = tuple(torch.zeros(E, *s.shape[::2]) for s in learner_model.initial_state(1))
+        for _ in range(ROLLOUTS):
+            buffers = rollout.allocate(spec, T, E)
+            actor.unroll(buffers, torch.arange(E), core_states)
+            for env in range(E):
+                columns[env].append({key: value[env] for key, value in buffers.items()})
+                states[env].append(tuple(s[env].clone() for s in core_states))
+    finally:
+        server.stopping.set()
+        serving.join()
+        actor.close()
+    per_group = E // 2
+    cut = 0
+    for env in range(E):
+        outputs = env_steps[env // per_group]
+        for i, output in enumerate(outputs[: ROLLOUTS * T]):
+            steps, state = columns[env][i // T], states[env][i // T]
+            written, k = steps["truncation_value"][1 + i % T], env % per_group
+            if not output["truncated"][k]:
+                assert written == 0.0
+                continue
+            seen = {key: steps[key][: 1 + i % T].unsqueeze(1) for key in rollout.MODEL_KEYS}
+            row = int(output["truncated"][: k + 1].sum()) - 1
+            final = dict(
+                frame=torch.as_tensor(output["final_frame"][row : row + 1])[None],
+                reward=torch.as_tensor(output["reward"][k : k + 1])[None].float(),
+                done=torch.zeros(1, 1, dtype=torch.bool),
+                last_action=torch.as_tensor(output["last_action"][k : k + 1])[None],
+            )
+            with torch.no_grad():
+                _, after = learner_model(seen, tuple(s.unsqueeze(1) for s in state), act=False)
+                value = learner_model(final, after, act=False)[0]["baseline"][0, 0]
+            torch.testing.assert_close(written, value)
+            cut += 1
+    assert cut > 0

@@ -341,7 +341,8 @@ def test_an_env_without_episode_extras_steps_only_the_usual_columns(make_env):
     env = make_env("CartPole-v1")
     env.reset(seed=0)
     assert sorted(env.step(np.zeros(1, np.int64))) == [
-        "done", "episode_end", "episode_return", "episode_step", "frame", "last_action", "reward"
+        "done", "episode_end", "episode_return", "episode_step", "final_frame", "frame",
+        "last_action", "reward", "truncated",
     ]  # fmt: skip
 
 
@@ -519,3 +520,44 @@ def test_an_env_id_whose_module_cannot_be_had_is_one_line(tmp_path, env_id, said
 
     result = monobeast(tmp_path, "--env", env_id, "--total_steps", "10")
     assert_one_error_line(result, said)
+
+
+# Time limits: an episode cut short keeps its last observation for the learner.
+
+
+def test_an_episode_a_time_limit_cuts_short_keeps_its_last_observation(make_env):
+    env = make_env("tests.envs_for_tests:TimeLimitedCartPole-v0", num_envs=2)
+    alone = gym.make("tests.envs_for_tests:TimeLimitedCartPole-v0")  # as env 0, seeded alike
+    env.reset(seed=3)
+    observation, _ = alone.reset(seed=3)
+    for step in range(16):  # the limit
+        output = env.step(np.ones(2, np.int64) * (step % 2))
+        observation, _, terminated, truncated, _ = alone.step(step % 2)
+    assert truncated and not terminated
+    assert output["truncated"].tolist() == [True, True] and output["done"].all()
+    np.testing.assert_array_equal(output["final_frame"][0], observation)
+    assert not np.array_equal(output["frame"][0], observation)  # the next episode's first
+    alone.close()
+
+
+def test_an_episode_the_game_ends_is_not_truncated(make_env):
+    env = make_env("tests.envs_for_tests:TimeLimitedCartPole-v0")
+    env.reset(seed=0)
+    for _ in range(15):  # always right: the pole falls within the limit
+        output = env.step(np.ones(1, np.int64))
+        if output["done"][0]:
+            break
+    assert output["done"][0] and not output["truncated"][0]
+    assert output["final_frame"].shape == (0, 4)
+
+
+def test_an_atari_game_cut_short_by_its_frame_limit_keeps_its_stacked_last_frames(make_env):
+    env = make_env("tests.envs_for_tests:ShortPongNoFrameskip-v4", num_envs=2)
+    env.reset(seed=0)
+    outputs = [env.step(np.zeros(2, np.int64)) for _ in range(100)]  # 400 frames
+    assert not any(output["done"].any() for output in outputs[:-1])
+    last, before = outputs[-1], outputs[-2]
+    assert last["truncated"].tolist() == [True, True] and last["episode_end"].all()
+    assert last["final_frame"].shape == (2, 4, 84, 84)
+    # The stack moved on by one frame from the step before, as within an episode.
+    np.testing.assert_array_equal(last["final_frame"][:, :3], before["frame"][:, 1:])

@@ -52,6 +52,8 @@ def make_batch(seed=0, env_spec: EnvSpec = ENV_SPEC) -> dict[str, torch.Tensor]:
         else:
             batch[name] = torch.randn(shape, generator=generator, dtype=dtype)
     batch["reward"] = 3.0 * batch["reward"]  # many rewards beyond [-1, 1]: clipping matters
+    # An actor writes a truncation value only where a time limit ended the episode (done).
+    batch["truncation_value"] = torch.where(batch["done"], batch["truncation_value"], 0.0)
     return batch
 
 
@@ -65,6 +67,8 @@ def expected_losses(case, model, batch) -> dict[str, float]:
     rewards = batch["reward"][1:]
     if case.learner.reward_clipping == "abs_one":
         rewards = rewards.clamp(-1, 1)
+    if not case.learner.truncation_as_termination:  # r + gamma V(s_final) at a time limit's cut
+        rewards = rewards + case.learner.discounting * batch["truncation_value"][1:]
     discounts = (1.0 - batch["done"][1:].float()) * case.learner.discounting
     returns = vtrace.from_logits(
         behavior_policy_logits=batch["policy_logits"][1:],
@@ -93,8 +97,9 @@ def parameters(model) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("clipping", ["abs_one", "none"])
-def test_losses_are_the_impala_losses(clipping):
-    case = make_setup(reward_clipping=clipping)
+@pytest.mark.parametrize("bootstrap_truncated", [True, False])
+def test_losses_are_the_impala_losses(clipping, bootstrap_truncated):
+    case = make_setup(reward_clipping=clipping, truncation_as_termination=not bootstrap_truncated)
     model = make_model(case)
     batch = make_batch()
     expected = expected_losses(case, model, batch)
@@ -726,7 +731,8 @@ def vtrace_of(case, batch, outputs) -> vtrace.VTraceFromLogitsReturns:
         target_policy_logits=outputs["policy_logits"][:-1],
         actions=batch["action"][1:],
         discounts=(~batch["done"][1:]).float() * case.learner.discounting,
-        rewards=torch.clamp(batch["reward"][1:], -1, 1),
+        rewards=torch.clamp(batch["reward"][1:], -1, 1)
+        + case.learner.discounting * batch["truncation_value"][1:],
         values=outputs["baseline"][:-1],
         bootstrap_value=outputs["baseline"][-1],
     )

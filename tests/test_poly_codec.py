@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from torchbeast.core.spec import EnvSpec
-from torchbeast.runtime.poly import codec
+from torchbeast.runtime.poly import codec, network
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -276,3 +276,81 @@ def test_the_largest_step_with_the_most_episode_extras_fits_the_size_limit():
     step = env_step(num_envs=codec.MAX_ENVS_PER_STREAM, spec=spec)
     message = codec.step_message(step, names)
     assert message.ByteSize() <= codec.max_step_bytes(spec, codec.MAX_ENVS_PER_STREAM)
+
+
+# Episodes a time limit cut short: their last observations travel with the Step.
+
+CARTPOLE = EnvSpec("CartPole-v1", (4,), np.dtype("float32"), 2)
+
+
+def truncated_step(truncated: list[bool], spec: EnvSpec = CARTPOLE) -> dict[str, np.ndarray]:
+    """A step of len(truncated) envs, ``truncated`` ones done by a time limit."""
+    step = env_step(num_envs=len(truncated), spec=spec)
+    step["truncated"] = np.array(truncated)
+    step["done"] = step["done"] | step["truncated"]
+    shape = (sum(truncated), *spec.observation_shape)
+    step["final_frame"] = np.arange(np.prod(shape)).reshape(shape).astype(spec.observation_dtype)
+    return step
+
+
+def read(message: pb.EnvMessage, num_envs: int, spec: EnvSpec = CARTPOLE):
+    wire = pb.EnvMessage.FromString(message.SerializeToString())
+    return codec.read_step(wire, spec, num_envs, codec.max_step_bytes(spec, num_envs))
+
+
+def test_a_step_round_trips_its_truncated_episodes_and_their_last_observations():
+    step = truncated_step([False, True, False, True])
+    fields, _ = read(codec.step_message(step), 4)
+    np.testing.assert_array_equal(fields["truncated"], [False, True, False, True])
+    np.testing.assert_array_equal(fields["final_frame"], step["final_frame"])
+
+
+def test_a_step_without_truncated_episodes_sends_neither_field_and_reads_none():
+    message = codec.step_message(truncated_step([False, False]))
+    assert not message.step.truncated and not message.step.HasField("final_observation")
+    fields, _ = read(message, 2)  # also an older env side's Step
+    np.testing.assert_array_equal(fields["truncated"], [False, False])
+    assert fields["final_frame"].shape == (0, 4)
+
+
+def test_a_step_whose_truncated_misses_an_env_is_refused():
+    message = codec.step_message(truncated_step([True, False]))
+    del message.step.truncated[1]
+    with pytest.raises(codec.ProtocolError, match="truncated has 1 entries, not 2"):
+        read(message, 2)
+
+
+def test_a_step_with_truncated_episodes_but_no_last_observations_is_refused():
+    message = codec.step_message(truncated_step([True, False]))
+    message.step.ClearField("final_observation")
+    with pytest.raises(codec.ProtocolError, match="needs final_observation"):
+        read(message, 2)
+
+
+def test_last_observations_of_more_episodes_than_were_truncated_are_refused():
+    message = codec.step_message(truncated_step([True, True]))
+    message.step.truncated[1] = False
+    with pytest.raises(codec.ProtocolError, match=r"final_observation: shape \[2, 4\] does"):
+        read(message, 2)
+
+
+def test_a_non_finite_last_observation_is_refused():
+    step = truncated_step([True])
+    step["final_frame"][0, 1] = np.nan
+    with pytest.raises(codec.ProtocolError, match="final_observation must be finite"):
+        read(codec.step_message(step), 1)
+
+
+def test_a_truncated_episode_that_is_not_done_is_refused():
+    message = codec.step_message(truncated_step([True]))
+    message.step.done[0] = False
+    with pytest.raises(codec.ProtocolError, match="truncated episodes must be done"):
+        read(message, 1)
+
+
+def test_the_largest_step_with_every_env_truncated_fits_both_size_limits():
+    large = EnvSpec("Large-v0", (512, 512, 4), np.dtype("uint8"), 2)  # 1 MiB each
+    codec.read_hello(codec.hello("client", large, 32))  # the most envs a Hello may announce
+    step = truncated_step([True] * 32, spec=large)
+    size = codec.step_message(step).ByteSize()
+    assert size <= codec.max_step_bytes(large, 32) <= network.MAX_MESSAGE_BYTES

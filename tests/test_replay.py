@@ -378,6 +378,22 @@ def test_a_restored_replay_beyond_the_capacity_evicts_its_oldest_episodes():
     assert stored_columns(restored)[-1] == stored_columns(replay)[-1]
 
 
+def test_a_replay_saved_before_rollouts_carried_truncation_values_is_restored_with_zeros():
+    replay = filled_replay()
+    state = replay.state_dict(max_transitions=10**6)  # rollouts without the column
+    layout = layout_of(replay) | {"truncation_value": (torch.Size([]), torch.float32)}
+    restored = Replay(1000, learn_start=1)
+    restored.load_state_dict(state, layout, T, CORE_STATE_SHAPES)
+    assert restored.transitions == replay.transitions == 24
+    (batch, _), (restored_batch, _) = replay.contents(), restored.contents()
+    for key, tensor in batch.items():
+        assert torch.equal(restored_batch[key], tensor), key
+    values = restored_batch["truncation_value"]
+    assert values.shape == batch["reward"].shape and not values.any()
+    sampled, _ = restored.sample(4, generator=torch.Generator().manual_seed(0))
+    assert sampled["truncation_value"].shape == sampled["reward"].shape
+
+
 def test_a_saved_replay_of_other_rollouts_is_refused():
     replay = filled_replay()
     state = replay.state_dict(max_transitions=10**6)

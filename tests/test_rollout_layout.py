@@ -54,6 +54,51 @@ def assert_layout(rollouts: list[dict[str, torch.Tensor]], model: torch.nn.Modul
     assert ended > 0  # the layout held across an episode's end and reset
 
 
+TIME_LIMITED = ("--env", "tests.envs_for_tests:TimeLimitedCartPole-v0")
+
+
+def assert_truncation_values(
+    rollouts: list[dict[str, torch.Tensor]], env_steps: list[dict], env: int, model
+) -> tuple[int, int]:
+    """An env's rollouts hold at each step where a time limit ended its episode the
+    model's value of the state it stopped in (the step's ``final_frame``), read after the
+    step's reward and action, and 0 at every other step; ``env_steps``: the envs' outputs
+    of each step in order, as the env returned them. Returns how many episodes a time
+    limit and how many the game ended."""
+    cut, ended = 0, 0
+    for i, output in enumerate(env_steps):
+        written = rollouts[i // T]["truncation_value"][1 + i % T]
+        if not output["truncated"][env]:
+            assert written == 0.0
+            ended += int(output["episode_end"][env])
+            continue
+        k = int(output["truncated"][: env + 1].sum()) - 1  # its row in final_frame
+        inputs = dict(
+            frame=torch.as_tensor(output["final_frame"][k : k + 1])[None],  # [1, 1, ...]
+            reward=torch.as_tensor(output["reward"][env : env + 1])[None].float(),
+            done=torch.zeros(1, 1, dtype=torch.bool),
+            last_action=torch.as_tensor(output["last_action"][env : env + 1])[None],
+        )
+        with torch.no_grad():
+            value = model(inputs, (), act=False)[0]["baseline"][0, 0]
+        torch.testing.assert_close(written, value)
+        assert written != 0.0
+        cut += 1
+    return cut, ended
+
+
+def keeping_steps(env, outputs: list[dict]) -> None:
+    """Makes ``env`` (a BatchedEnv) keep a copy of each step's output in ``outputs``."""
+    step = env.step
+
+    def recorded_step(actions):
+        output = step(actions)
+        outputs.append({key: np.array(value) for key, value in output.items()})
+        return output
+
+    env.step = recorded_step
+
+
 def test_actors_write_the_rollout_layout():
     settings = small_settings()
     spec = envs.env_spec(settings.env)
@@ -73,8 +118,32 @@ def test_actors_write_the_rollout_layout():
         unroller.close()
 
 
-def test_polybeast_streams_write_the_rollout_layout(tmp_path):
-    settings = small_settings()
+def test_actors_write_the_value_where_a_time_limit_ended_an_episode():
+    settings = small_settings(*TIME_LIMITED)
+    spec = envs.env_spec(settings.env)
+    config = model_config(settings.model, spec.observation_shape)
+    unroller = Unroller(settings, spec, config, seed=settings.env.seed)
+    env_steps: list[dict] = []
+    keeping_steps(unroller.env, env_steps)
+    try:
+        columns: list[list[dict]] = [[] for _ in range(E)]
+        for _ in range(ROLLOUTS):
+            buffers = rollout.allocate(spec, T, E)  # [E, T+1, ...]
+            unroller.unroll(buffers, torch.arange(E), ())
+            for env in range(E):
+                columns[env].append({key: value[env] for key, value in buffers.items()})
+        ends = []
+        for env in range(E):
+            assert_layout(columns[env], unroller.model)
+            ends.append(assert_truncation_values(columns[env], env_steps, env, unroller.model))
+        assert all(sum(kind) > 0 for kind in zip(*ends, strict=True))  # both kinds of episode end
+    finally:
+        unroller.close()
+
+
+def stream_rollouts(settings: Settings, tmp_path) -> tuple[list, list[dict], torch.nn.Module]:
+    """Each env's rollouts ([T+1, ...] each) from PolyBeast's learner end of one stream of
+    E envs, ROLLOUTS of each; the envs' outputs of each step; the inference model."""
     spec = envs.env_spec(settings.env)
     config = model_config(settings.model, spec.observation_shape)
     model = create_model(config, spec.observation_shape, spec.num_actions)
@@ -84,6 +153,7 @@ def test_polybeast_streams_write_the_rollout_layout(tmp_path):
     episodes = EpisodeLog(str(tmp_path / "episodes.csv"))
     rollouts = StreamRollouts(T, inference, episodes, queue, StreamMemory(64), stopping)
     env = envs.create_env(settings.env, num_envs=E, num_threads=1)
+    keeping_steps(env, env_steps := [])
     sent: list[np.ndarray] = []
 
     def steps():  # the env side of the stream: a Step for each Action
@@ -103,12 +173,28 @@ def test_polybeast_streams_write_the_rollout_layout(tmp_path):
             assert column.pop("mask").all()
             columns[env_index].append(column)
         assert [len(c) for c in columns] == [ROLLOUTS] * E
-        for env_index in range(E):
-            assert_layout(columns[env_index], inference.model)
+        return columns, env_steps, inference.model
     finally:
         inference.close()
         episodes.close()
         env.close()
+
+
+def test_polybeast_streams_write_the_rollout_layout(tmp_path):
+    columns, _, model = stream_rollouts(small_settings(), tmp_path)
+    for env_index in range(E):
+        assert_layout(columns[env_index], model)
+
+
+def test_polybeast_streams_write_the_value_where_a_time_limit_ended_an_episode(tmp_path):
+    """The env side sends each truncated episode's last observation; the learner's end
+    asks inference for its value."""
+    columns, env_steps, model = stream_rollouts(small_settings(*TIME_LIMITED), tmp_path)
+    ends = []
+    for env in range(E):
+        assert_layout(columns[env], model)
+        ends.append(assert_truncation_values(columns[env], env_steps, env, model))
+    assert all(sum(kind) > 0 for kind in zip(*ends, strict=True))  # both kinds of episode end
 
 
 def test_polybeast_inference_samples_from_its_own_generator():

@@ -72,7 +72,9 @@ def test_with_scale_s_the_baseline_loss_is_divided_by_s_squared_and_the_pg_loss_
         normalized.model.baseline.bias.mul_(0.5)
     batch = make_batch()
     expected = plain._losses(batch, (), None)
-    terms = normalized._losses(batch, (), None)
+    # The actors' head, too, gave V / 2 for the states time limits stopped episodes in.
+    halved = {**batch, "truncation_value": batch["truncation_value"] / 2}
+    terms = normalized._losses(halved, (), None)
     torch.testing.assert_close(terms.baseline_loss, expected.baseline_loss / 4)
     torch.testing.assert_close(terms.pg_loss, expected.pg_loss / 2)
     torch.testing.assert_close(terms.entropy_loss, expected.entropy_loss)

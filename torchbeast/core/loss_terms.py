@@ -11,15 +11,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from torchbeast.core import losses, vtrace
+from torchbeast.core import losses, rollout, vtrace
 from torchbeast.core.models import CoreState
 from torchbeast.core.value_scale import ValueScale
 
 if TYPE_CHECKING:
     from torchbeast.core.settings import LearnerSettings
-
-# What the model reads of a batch.
-MODEL_INPUTS = ("frame", "reward", "done", "last_action")
 
 
 @dataclasses.dataclass
@@ -55,10 +52,10 @@ def loss_terms(
     # Steps 0..T-1 with gradient; the last frame only bootstraps the value beyond the
     # rollout, and V-trace takes no gradient through it, so its forward pass keeps no graph
     # (a sixth of the backward pass at T=5).
-    inputs = {key: batch[key][:-1] for key in MODEL_INPUTS}
+    inputs = {key: batch[key][:-1] for key in rollout.MODEL_KEYS}
     learner_outputs, core_state = model(inputs, initial_core_state, act=False)  # [T, B, ...]
     with torch.no_grad():
-        last = {key: batch[key][-1:] for key in MODEL_INPUTS}
+        last = {key: batch[key][-1:] for key in rollout.MODEL_KEYS}
         bootstrap_value = model(last, core_state, act=False)[0]["baseline"][0]  # [B]
     scale = value_scale.scale  # the baseline head predicts V / scale
     if value_scale.enabled:
@@ -85,6 +82,11 @@ def loss_terms(
         entropy_mask = online
 
     rewards = losses.clip_rewards(batch["reward"], settings.reward_clipping)  # [T, B]
+    if not settings.truncation_as_termination:
+        # Where a time limit cut an episode short (done, so discounted by 0), its last step
+        # goes on with the value of the state it stopped in, as the actor's model saw it.
+        truncation_value = scale * batch["truncation_value"]  # [T, B], 0 at other steps
+        rewards = rewards + settings.discounting * truncation_value
     discounts = (~batch["done"]).float() * settings.discounting  # [T, B]
 
     vtrace_returns = vtrace.from_logits(

@@ -231,6 +231,9 @@ class Replay:
             key: (torch.Size(shape), getattr(torch, dtype))
             for key, (shape, dtype) in state["layout"].items()
         }
+        if state["segments"] and saved_layout == without_added_columns(layout):
+            state = with_added_columns(state, layout)  # saved by an older release
+            saved_layout = layout
         if state["segments"] and saved_layout != layout:
             raise ValueError("its rollouts hold other keys, shapes or dtypes")
         if state["segments"] and state["unroll_length"] != unroll_length:
@@ -395,6 +398,38 @@ class Replay:
             for states in zip(*(segment.core_state for segment in segments), strict=True)
         )
         return batch, core_state
+
+
+# Columns that rollouts have gained since a replay file could first be saved, with the value
+# their older rollouts had in effect: truncation_value 0, a time limit's end learned as a
+# game's end (as it was).
+ADDED_COLUMNS = {"truncation_value": 0.0}
+
+
+def without_added_columns(layout: dict) -> dict:
+    """``layout`` as an older release saved it: without ``ADDED_COLUMNS``."""
+    return {key: value for key, value in layout.items() if key not in ADDED_COLUMNS}
+
+
+def with_added_columns(state: dict, layout: dict[str, tuple[torch.Size, torch.dtype]]) -> dict:
+    """A saved replay (``Replay.state_dict``'s) of an older release's rollouts, with each
+    of ``ADDED_COLUMNS`` filled in, in every segment's steps and head, as ``layout`` has it."""
+    added = {key: (layout[key], value) for key, value in ADDED_COLUMNS.items() if key in layout}
+
+    def filled(tensors: dict | None) -> dict | None:
+        if not isinstance(tensors, dict) or not tensors:
+            return tensors
+        steps = next(iter(tensors.values())).shape[0]
+        return tensors | {
+            key: torch.full((steps, *shape), value, dtype=dtype)
+            for key, ((shape, dtype), value) in added.items()
+        }
+
+    segments = [
+        saved | {"steps": filled(saved.get("steps")), "head": filled(saved.get("head"))}
+        for saved in state["segments"]
+    ]
+    return state | {"segments": segments}
 
 
 def check_saved_segment(

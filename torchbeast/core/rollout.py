@@ -4,6 +4,11 @@ A rollout is ``unroll_length + 1`` steps: index 0 repeats the last step of the p
 rollout (so the learner can bootstrap and line up actions), indices 1..T are new. An
 environment's episode extras (``EnvSpec.episode_extras``) add one float column each,
 ``episode_<name>``, summed over the episode like ``episode_return``.
+
+``truncation_value`` is the behaviour model's value (its baseline head's output) of the
+last state of an episode that a time limit cut short, at the step the episode ended (its
+frame is then the next episode's first), and 0 at every other step: the learner
+bootstraps that step's target from it instead of ending the return there.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ def rollout_spec(env_spec: EnvSpec, unroll_length: int) -> dict[str, tuple[tuple
         episode_step=((T1,), torch.int32),
         episode_end=((T1,), torch.bool),
         last_action=((T1,), torch.int64),
+        truncation_value=((T1,), torch.float32),
         policy_logits=((T1, env_spec.num_actions), torch.float32),
         baseline=((T1,), torch.float32),
         action=((T1,), torch.int64),
@@ -72,6 +78,8 @@ ENV_KEYS = (
     "last_action",
 )
 AGENT_KEYS = ("policy_logits", "baseline", "action", "policy_version")
+# What the model reads of a step (the others are statistics, or the agent's own).
+MODEL_KEYS = ("frame", "reward", "done", "last_action")
 
 
 def probe_step(env_spec: EnvSpec) -> dict[str, torch.Tensor]:
@@ -89,9 +97,13 @@ def probe_step(env_spec: EnvSpec) -> dict[str, torch.Tensor]:
     return {key: step[key] for key in ENV_KEYS}
 
 
+TRUNCATION_KEY = "truncation_value"
+
+
 def env_keys(env_spec: EnvSpec) -> tuple[str, ...]:
-    """What an environment step writes into a rollout: ENV_KEYS and its episode extras."""
-    return ENV_KEYS + env_spec.extra_keys
+    """What an actor writes of an environment step into a rollout: ENV_KEYS, the env's
+    episode extras and the truncation value."""
+    return (*ENV_KEYS, *env_spec.extra_keys, TRUNCATION_KEY)
 
 
 Array = np.ndarray | torch.Tensor

@@ -131,6 +131,12 @@ class LearnerSettings:
     entropy_cost: float = flag(0.001, "Entropy cost/multiplier.", check="nonnegative")
     baseline_cost: float = flag(0.5, "Baseline cost/multiplier.", check="nonnegative")
     discounting: float = flag(0.99, "Discounting factor.", check="unit")
+    truncation_as_termination: bool = flag(
+        False,
+        "(new) An episode that a time limit cuts short (Gymnasium's truncated) ends its "
+        "return there, as one the game ended, as the original did. Without it, its last "
+        "step's target goes on with the discounted value of the state it stopped in.",
+    )
     normalize_advantages: bool = flag(
         False, "(new) Scale the policy gradient's advantages to mean 0, std 1 in each batch."
     )

@@ -90,6 +90,9 @@ class BatchedEnv:
         # original's episodic-life + fire-reset wrappers do); None: never.
         self.fire_action = fire_action
         self.fire_next = np.zeros(n, dtype=bool)
+        # What every step where no time limit ended an episode returns (never written to).
+        self.no_truncation = np.zeros(n, dtype=bool)
+        self.no_final_frames = np.zeros((0, *space.shape), dtype=stored)
 
     def reset(self, seed: int | None = None) -> dict[str, np.ndarray]:
         frame, info = self.env.reset(seed=seed)
@@ -115,6 +118,8 @@ class BatchedEnv:
             episode_step=np.zeros(n, dtype=np.int32),
             episode_end=np.zeros(n, dtype=bool),
             last_action=np.zeros(n, dtype=np.int64),
+            truncated=self.no_truncation,
+            final_frame=self.no_final_frames,
         )
 
     def step(self, actions: np.ndarray) -> dict[str, np.ndarray]:
@@ -146,6 +151,11 @@ class BatchedEnv:
         for _, info_key, total in self.extras:
             total += step_info(info, info_key)
         self.episode_step += 1
+        # A time limit, not the game, ended these episodes: the learner bootstraps their
+        # last step from the value of the state they stopped in, ``final_frame``.
+        cut_short = self.no_truncation
+        if truncated.any():  # rare; steps without any share two empty arrays
+            cut_short = np.logical_and(truncated, ~np.asarray(terminated, dtype=bool))
         output = dict(
             frame=frame,
             reward=reward,
@@ -154,6 +164,8 @@ class BatchedEnv:
             episode_step=self.episode_step.copy(),
             episode_end=game_over,
             last_action=np.asarray(actions, dtype=np.int64),
+            truncated=cut_short,
+            final_frame=self.final_frames(info, cut_short),
         )
         self.episode_return[game_over] = 0
         for key, _, total in self.extras:
@@ -161,6 +173,15 @@ class BatchedEnv:
             total[game_over] = 0
         self.episode_step[game_over] = 0
         return output
+
+    def final_frames(self, info: dict, cut_short: np.ndarray) -> np.ndarray:
+        """[K, ...]: the last observation of each of the K episodes ``cut_short`` ([N]) ended
+        in this step, in env order, which the vector env keeps in ``info["final_obs"]``
+        (its ``frame`` is already the next episode's first)."""
+        if cut_short is self.no_truncation:
+            return self.no_final_frames
+        final, dtype = info["final_obs"], self.no_final_frames.dtype
+        return np.stack([np.asarray(final[env], dtype=dtype) for env in np.flatnonzero(cut_short)])
 
     def fill_stacks_before_episode_start(self, frame: np.ndarray) -> None:
         """In place, in each stack [N, depth, ...]: the frames from before its episode's

@@ -56,6 +56,27 @@ def act(
     return {k: v[0] for k, v in outputs.items()}, core_state
 
 
+def truncation_values(
+    policy: Policy, env_output: dict[str, torch.Tensor], core_state: tuple
+) -> torch.Tensor:
+    """[E]: the value of the state each env's episode stopped in where a time limit cut
+    it short in this step (``env_output["truncated"]``, its ``final_frame`` [K, ...]), 0
+    elsewhere. One forward pass of all E envs (the shape the policy takes), the others on
+    their new frames, from the core state the new frames would be read with; its actions
+    and next state are thrown away."""
+    truncated = env_output["truncated"]
+    frame = env_output["frame"].clone()
+    frame[truncated] = env_output["final_frame"]
+    inputs = dict(
+        frame=frame,
+        reward=env_output["reward"],
+        done=torch.zeros_like(truncated),  # the state goes on into the final frame
+        last_action=env_output["last_action"],
+    )
+    outputs, _ = act(policy, inputs, core_state)
+    return torch.where(truncated, outputs["baseline"].float(), 0.0)
+
+
 def as_tensors(step: dict) -> dict[str, torch.Tensor]:
     """An env step's numpy arrays as tensors (sharing their memory)."""
     return {k: torch.from_numpy(v) for k, v in step.items()}
@@ -119,7 +140,10 @@ class Unroller:
         self.model.train()  # sample actions
         self.policy: Policy = policy or self.model
         self.split = policy if isinstance(policy, SplitPolicy) else None  # for ask, receive
+        # [E]: what a step writes where no time limit ended an episode (never written to).
+        self.no_truncation_values = torch.zeros(num_envs)
         self.env_output = as_tensors(self.env.reset(seed=seed))
+        self.env_output[rollout.TRUNCATION_KEY] = self.no_truncation_values
         self.agent_output = rollout.first_agent_output(num_envs, env_spec.num_actions)
         self.core_state = self.model.initial_state(num_envs)
         self.env_time = self.inference_time = 0.0
@@ -175,9 +199,17 @@ class Unroller:
     def step(self, buffers: dict[str, torch.Tensor], index: torch.Tensor, t: int) -> None:
         """Steps the envs with the actions in ``agent_output`` and writes step ``t``."""
         start, start_wall = time.process_time(), time.perf_counter()
-        self.env_output = as_tensors(self.env.step(self.agent_output["action"].numpy()))
+        step = self.env.step(self.agent_output["action"].numpy())
+        self.env_output = as_tensors(step)
         self.env_time += time.process_time() - start
         self.env_wall += time.perf_counter() - start_wall
+        values = self.no_truncation_values
+        if step["truncated"].any():  # rare: once per episode at most
+            start, start_wall = time.process_time(), time.perf_counter()
+            values = truncation_values(self.policy, self.env_output, self.core_state)
+            self.inference_time += time.process_time() - start
+            self.inference_wall += time.perf_counter() - start_wall
+        self.env_output[rollout.TRUNCATION_KEY] = values
         rollout.write_step(buffers, (index, t), self.env_keys, self.env_output, self.agent_output)
 
     def take_times(self) -> tuple[float, float]:

@@ -56,7 +56,7 @@ Connection = multiprocessing.connection.Connection
 log = logging.getLogger("torchbeast")
 
 # What the model reads of an env output, and what an actor gets back.
-INPUT_KEYS = ("frame", "reward", "done", "last_action")
+INPUT_KEYS = rollout.MODEL_KEYS  # frame, reward, done, last_action
 OUTPUT_KEYS = rollout.AGENT_KEYS  # policy_logits, baseline, action, policy_version
 
 # The parts of the server's time, in order: idle until an actor asks, then each part of

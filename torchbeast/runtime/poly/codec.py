@@ -222,7 +222,8 @@ def max_step_bytes(spec: EnvSpec, num_envs: int) -> int:
     """The largest serialized Step a stream of ``num_envs`` envs with this spec can need."""
     observation = math.prod(spec.observation_shape) * spec.observation_dtype.itemsize
     extras = sum(len(name) + EXTRA_OVERHEAD_BYTES for name in spec.episode_extras)
-    per_env = observation + SCALAR_BYTES_PER_ENV + 4 * len(spec.episode_extras)
+    # Each env's new observation, and its last one where a time limit ended its episode.
+    per_env = 2 * observation + SCALAR_BYTES_PER_ENV + 4 * len(spec.episode_extras)
     return num_envs * per_env + extras + STEP_OVERHEAD_BYTES
 
 
@@ -242,7 +243,19 @@ def step_message(
             episode_extras={
                 name: pb.Floats(values=step[extra_key(name)].tolist()) for name in episode_extras
             },
+            **truncation_fields(step),
         )
+    )
+
+
+def truncation_fields(step: dict[str, np.ndarray]) -> dict:
+    """A Step's ``truncated`` and ``final_observation``, only where a time limit ended an
+    episode in this step: most Steps carry neither."""
+    if "truncated" not in step or not step["truncated"].any():
+        return {}
+    return dict(
+        truncated=step["truncated"].tolist(),
+        final_observation=encode_array(step["final_frame"]),
     )
 
 
@@ -281,7 +294,34 @@ def read_step(
         fields.update(read_episode_extras(step, spec, num_envs))
     if observation.dtype.kind == "f" and not np.isfinite(observation).all():
         raise ProtocolError("a Step's observation must be finite")
+    fields.update(read_truncation(step, spec, num_envs))
     return fields, observation
+
+
+def read_truncation(step: pb.Step, spec: EnvSpec, num_envs: int) -> dict[str, np.ndarray]:
+    """``truncated`` [num_envs] (none sent: all False) and ``final_frame`` [K, ...], the
+    last observations of the K episodes it marks, checked against ``spec``."""
+    if len(step.truncated) not in (0, num_envs):
+        raise ProtocolError(
+            f"a Step's truncated has {len(step.truncated)} entries, not {num_envs} (or none)"
+        )
+    truncated = np.zeros(num_envs, dtype=bool)
+    if step.truncated:
+        truncated[:] = step.truncated
+    shape = (int(truncated.sum()), *spec.observation_shape)
+    if not step.HasField("final_observation"):
+        if truncated.any():
+            raise ProtocolError("a Step that marks truncated episodes needs final_observation")
+        return {"truncated": truncated, "final_frame": np.zeros(shape, spec.observation_dtype)}
+    try:
+        final = decode_array(step.final_observation, shape, spec.observation_dtype)
+    except ProtocolError as error:
+        raise ProtocolError(f"a Step's final_observation: {error}") from None
+    if final.dtype.kind == "f" and not np.isfinite(final).all():
+        raise ProtocolError("a Step's final_observation must be finite")
+    if not np.asarray(step.done)[truncated].all():
+        raise ProtocolError("a Step's truncated episodes must be done")
+    return {"truncated": truncated, "final_frame": final}
 
 
 def names_text(names: list[str]) -> str:

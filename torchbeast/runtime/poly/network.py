@@ -26,7 +26,9 @@ log = logging.getLogger("torchbeast")
 
 TOKEN_METADATA_KEY = "x-torchbeast-token"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
-MAX_MESSAGE_BYTES = 64 << 20  # gRPC's own cap; the per-stream limit from the spec is tighter
+# gRPC's cap on a message. A Step of the largest observations a Hello may announce (32 MiB,
+# and as much again in final observations) fits; the per-stream limit from the spec is tighter.
+MAX_MESSAGE_BYTES = 80 << 20
 KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),

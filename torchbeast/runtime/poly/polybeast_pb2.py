@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'torchbeast/runtime/poly/polybeast.proto\x12\x14torchbeast.polybeast\"5\n\x07NDArray\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xee\x01\n\tArrayNest\x12,\n\x05\x61rray\x18\x01 \x01(\x0b\x32\x1d.torchbeast.polybeast.NDArray\x12/\n\x06vector\x18\x02 \x03(\x0b\x32\x1f.torchbeast.polybeast.ArrayNest\x12\x35\n\x03map\x18\x03 \x03(\x0b\x32(.torchbeast.polybeast.ArrayNest.MapEntry\x1aK\n\x08MapEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12.\n\x05value\x18\x02 \x01(\x0b\x32\x1f.torchbeast.polybeast.ArrayNest:\x02\x38\x01\"\xb1\x02\n\x05Hello\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x37\n\x10observation_spec\x18\x03 \x01(\x0b\x32\x1d.torchbeast.polybeast.NDArray\x12\x13\n\x0bnum_actions\x18\x04 \x01(\x05\x12\x18\n\x10protocol_version\x18\x05 \x01(\x05\x12\x10\n\x08num_envs\x18\x06 \x01(\x05\x12\x16\n\x0e\x65pisode_extras\x18\x07 \x03(\t\x12@\n\x0b\x65nv_options\x18\x08 \x03(\x0b\x32+.torchbeast.polybeast.Hello.EnvOptionsEntry\x1a\x31\n\x0f\x45nvOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x18\n\x06\x46loats\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\xc4\x02\n\x04Step\x12\x34\n\x0bobservation\x18\x01 \x01(\x0b\x32\x1f.torchbeast.polybeast.ArrayNest\x12\x0e\n\x06reward\x18\x02 \x03(\x02\x12\x0c\n\x04\x64one\x18\x03 \x03(\x08\x12\x13\n\x0b\x65pisode_end\x18\x04 \x03(\x08\x12\x16\n\x0e\x65pisode_return\x18\x05 \x03(\x02\x12\x14\n\x0c\x65pisode_step\x18\x06 \x03(\x05\x12\x45\n\x0e\x65pisode_extras\x18\t \x03(\x0b\x32-.torchbeast.polybeast.Step.EpisodeExtrasEntry\x1aR\n\x12\x45pisodeExtrasEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12+\n\x05value\x18\x02 \x01(\x0b\x32\x1c.torchbeast.polybeast.Floats:\x02\x38\x01J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\t\"n\n\nEnvMessage\x12,\n\x05hello\x18\x01 \x01(\x0b\x32\x1b.torchbeast.polybeast.HelloH\x00\x12*\n\x04step\x18\x02 \x01(\x0b\x32\x1a.torchbeast.polybeast.StepH\x00\x42\x06\n\x04kind\"\x18\n\x06\x41\x63tion\x12\x0e\n\x06\x61\x63tion\x18\x01 \x03(\x03\x32\\\n\tEnvServer\x12O\n\tStreamEnv\x12\x1c.torchbeast.polybeast.Action\x1a .torchbeast.polybeast.EnvMessage(\x01\x30\x01\x32[\n\x07Learner\x12P\n\nConnectEnv\x12 .torchbeast.polybeast.EnvMessage\x1a\x1c.torchbeast.polybeast.Action(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'torchbeast/runtime/poly/polybeast.proto\x12\x14torchbeast.polybeast\"5\n\x07NDArray\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xee\x01\n\tArrayNest\x12,\n\x05\x61rray\x18\x01 \x01(\x0b\x32\x1d.torchbeast.polybeast.NDArray\x12/\n\x06vector\x18\x02 \x03(\x0b\x32\x1f.torchbeast.polybeast.ArrayNest\x12\x35\n\x03map\x18\x03 \x03(\x0b\x32(.torchbeast.polybeast.ArrayNest.MapEntry\x1aK\n\x08MapEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12.\n\x05value\x18\x02 \x01(\x0b\x32\x1f.torchbeast.polybeast.ArrayNest:\x02\x38\x01\"\xb1\x02\n\x05Hello\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x37\n\x10observation_spec\x18\x03 \x01(\x0b\x32\x1d.torchbeast.polybeast.NDArray\x12\x13\n\x0bnum_actions\x18\x04 \x01(\x05\x12\x18\n\x10protocol_version\x18\x05 \x01(\x05\x12\x10\n\x08num_envs\x18\x06 \x01(\x05\x12\x16\n\x0e\x65pisode_extras\x18\x07 \x03(\t\x12@\n\x0b\x65nv_options\x18\x08 \x03(\x0b\x32+.torchbeast.polybeast.Hello.EnvOptionsEntry\x1a\x31\n\x0f\x45nvOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x18\n\x06\x46loats\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\x91\x03\n\x04Step\x12\x34\n\x0bobservation\x18\x01 \x01(\x0b\x32\x1f.torchbeast.polybeast.ArrayNest\x12\x0e\n\x06reward\x18\x02 \x03(\x02\x12\x0c\n\x04\x64one\x18\x03 \x03(\x08\x12\x13\n\x0b\x65pisode_end\x18\x04 \x03(\x08\x12\x16\n\x0e\x65pisode_return\x18\x05 \x03(\x02\x12\x14\n\x0c\x65pisode_step\x18\x06 \x03(\x05\x12\x45\n\x0e\x65pisode_extras\x18\t \x03(\x0b\x32-.torchbeast.polybeast.Step.EpisodeExtrasEntry\x12\x11\n\ttruncated\x18\n \x03(\x08\x12\x38\n\x11\x66inal_observation\x18\x0b \x01(\x0b\x32\x1d.torchbeast.polybeast.NDArray\x1aR\n\x12\x45pisodeExtrasEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12+\n\x05value\x18\x02 \x01(\x0b\x32\x1c.torchbeast.polybeast.Floats:\x02\x38\x01J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\t\"n\n\nEnvMessage\x12,\n\x05hello\x18\x01 \x01(\x0b\x32\x1b.torchbeast.polybeast.HelloH\x00\x12*\n\x04step\x18\x02 \x01(\x0b\x32\x1a.torchbeast.polybeast.StepH\x00\x42\x06\n\x04kind\"\x18\n\x06\x41\x63tion\x12\x0e\n\x06\x61\x63tion\x18\x01 \x03(\x03\x32\\\n\tEnvServer\x12O\n\tStreamEnv\x12\x1c.torchbeast.polybeast.Action\x1a .torchbeast.polybeast.EnvMessage(\x01\x30\x01\x32[\n\x07Learner\x12P\n\nConnectEnv\x12 .torchbeast.polybeast.EnvMessage\x1a\x1c.torchbeast.polybeast.Action(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,15 +50,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FLOATS']._serialized_start=669
   _globals['_FLOATS']._serialized_end=693
   _globals['_STEP']._serialized_start=696
-  _globals['_STEP']._serialized_end=1020
-  _globals['_STEP_EPISODEEXTRASENTRY']._serialized_start=926
-  _globals['_STEP_EPISODEEXTRASENTRY']._serialized_end=1008
-  _globals['_ENVMESSAGE']._serialized_start=1022
-  _globals['_ENVMESSAGE']._serialized_end=1132
-  _globals['_ACTION']._serialized_start=1134
-  _globals['_ACTION']._serialized_end=1158
-  _globals['_ENVSERVER']._serialized_start=1160
-  _globals['_ENVSERVER']._serialized_end=1252
-  _globals['_LEARNER']._serialized_start=1254
-  _globals['_LEARNER']._serialized_end=1345
+  _globals['_STEP']._serialized_end=1097
+  _globals['_STEP_EPISODEEXTRASENTRY']._serialized_start=1003
+  _globals['_STEP_EPISODEEXTRASENTRY']._serialized_end=1085
+  _globals['_ENVMESSAGE']._serialized_start=1099
+  _globals['_ENVMESSAGE']._serialized_end=1209
+  _globals['_ACTION']._serialized_start=1211
+  _globals['_ACTION']._serialized_end=1235
+  _globals['_ENVSERVER']._serialized_start=1237
+  _globals['_ENVSERVER']._serialized_end=1329
+  _globals['_LEARNER']._serialized_start=1331
+  _globals['_LEARNER']._serialized_end=1422
 # @@protoc_insertion_point(module_scope)

@@ -86,14 +86,19 @@ class StreamRollouts:
         )
         fields, observation = first_step
         # The env side sends no last action: the learner knows the one it answered.
-        env_output = {"frame": observation, "last_action": np.zeros(num_envs, np.int64), **fields}
+        env_output = {
+            "frame": observation,
+            "last_action": np.zeros(num_envs, np.int64),
+            **fields,
+            rollout.TRUNCATION_KEY: np.zeros(num_envs, np.float32),
+        }
         agent_output = rollout.first_agent_output(num_envs, spec.num_actions)
         t = 0
         # The frame's one copy out of the message is this numpy write.
         rollout.write_step(arrays, 0, keys, env_output, agent_output)
         try:
             while True:
-                env_inputs = {key: buffers[key][t : t + 1] for key in rollout.ENV_KEYS}
+                env_inputs = {key: buffers[key][t : t + 1] for key in rollout.MODEL_KEYS}
                 try:
                     agent_output, core_state = self.inference.compute((env_inputs, core_state))
                 except StreamClosed:
@@ -109,6 +114,9 @@ class StreamRollouts:
                 # A bad Step raises before t moves on.
                 fields, observation = codec.read_step(message, spec, num_envs, size_limit)
                 env_output = {"frame": observation, "last_action": actions.numpy(), **fields}
+                env_output[rollout.TRUNCATION_KEY] = self._truncation_values(
+                    env_output, core_state, stream
+                )
                 t += 1
                 rollout.write_step(arrays, t, keys, env_output, agent_output)
                 for env in np.flatnonzero(fields["episode_end"]):
@@ -143,6 +151,31 @@ class StreamRollouts:
                     self._deliver(stream.serial, buffers, t, initial_core_state)
                 except Closed:
                     pass
+
+    def _truncation_values(
+        self, env_output: dict[str, np.ndarray], core_state: CoreState, stream: Stream
+    ) -> np.ndarray:
+        """[E]: the value of the state each env's episode stopped in where a time limit cut
+        it short in this Step (``truncated``, its ``final_frame`` [K, ...]), 0 elsewhere;
+        the K asked of inference from the core state their new frames would be read with."""
+        truncated = env_output["truncated"]
+        values = np.zeros(len(truncated), dtype=np.float32)
+        if not truncated.any():
+            return values
+        rows = torch.from_numpy(np.flatnonzero(truncated))
+        inputs = {  # [1, K, ...]
+            "frame": torch.from_numpy(np.array(env_output["final_frame"]))[None],
+            "reward": torch.from_numpy(env_output["reward"][truncated].astype(np.float32))[None],
+            "done": torch.zeros((1, len(rows)), dtype=torch.bool),  # the state goes on
+            "last_action": torch.from_numpy(env_output["last_action"][truncated])[None],
+        }
+        try:
+            outputs, _ = self.inference.compute((inputs, tuple(s[:, rows] for s in core_state)))
+        except StreamClosed:
+            stream.discard = True  # as for a frame that breaks inference
+            raise
+        values[truncated] = outputs["baseline"].float().numpy()
+        return values
 
     def _deliver(
         self,
