@@ -561,3 +561,19 @@ def test_an_atari_game_cut_short_by_its_frame_limit_keeps_its_stacked_last_frame
     assert last["final_frame"].shape == (2, 4, 84, 84)
     # The stack moved on by one frame from the step before, as within an episode.
     np.testing.assert_array_equal(last["final_frame"][:, :3], before["frame"][:, 1:])
+
+
+def test_an_episode_the_game_ends_on_its_time_limits_step_is_not_truncated():
+    """Gymnasium's TimeLimit says truncated there too; the game's end counts."""
+    vector_env = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1", max_episode_steps=8)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    env = BatchedEnv(vector_env, "CartPole-v1", track_lives=False)
+    try:
+        env.reset(seed=0)
+        outputs = [env.step(np.ones(1, np.int64)) for _ in range(8)]  # always right
+    finally:
+        env.close()
+    assert [bool(output["done"][0]) for output in outputs] == [False] * 7 + [True]
+    assert not outputs[-1]["truncated"][0] and outputs[-1]["final_frame"].shape == (0, 4)

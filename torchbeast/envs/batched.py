@@ -134,6 +134,7 @@ class BatchedEnv:
         reward = reward.astype(np.float32, copy=False)
         game_over = np.logical_or(terminated, truncated)
         done = game_over
+        lost_life = None
         if self.track_lives:
             lives = info["lives"]
             # Episodic life: a lost life is an episode end for the learner only.
@@ -155,7 +156,10 @@ class BatchedEnv:
         # last step from the value of the state they stopped in, ``final_frame``.
         cut_short = self.no_truncation
         if truncated.any():  # rare; steps without any share two empty arrays
-            cut_short = np.logical_and(truncated, ~np.asarray(terminated, dtype=bool))
+            # Not where the game ended too on the limit's step, nor a life (the learner's end).
+            ended_anyway = np.logical_or(terminated, False if lost_life is None else lost_life)
+            if (truncated & ~ended_anyway).any():
+                cut_short = truncated & ~ended_anyway
         output = dict(
             frame=frame,
             reward=reward,

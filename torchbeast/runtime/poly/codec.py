@@ -18,7 +18,9 @@ from torchbeast.core.errors import shown
 from torchbeast.core.spec import STORED_DTYPES, EnvSpec, extra_key
 from torchbeast.runtime.poly import polybeast_pb2 as pb
 
-PROTOCOL_VERSION = 3  # 2: Steps carry the true return and move; 3: any episode extras
+# 2: Steps carry the true return and move; 3: any episode extras; 4: the last observations
+# of episodes a time limit ended (a Step of 3 that carries them exceeds a 3's size limit).
+PROTOCOL_VERSION = 4
 DTYPES = frozenset(STORED_DTYPES)
 MAX_OBSERVATION_BYTES = 32 << 20  # a Hello announcing more per step is refused
 MAX_ENVS_PER_STREAM = 1024
