@@ -168,11 +168,14 @@ class Replay:
         return sum(shape.numel() * dtype.itemsize for shape, dtype in (self._layout or {}).values())
 
     def file_bytes_per_transition(self) -> int:
-        """What one stored step takes in a saved file (``state_dict``): its own bytes, and
-        torch.save's bytes for each tensor (~280, measured) of its segment (its steps and
-        an LSTM state) spread over the segment's steps. For small observations these are
-        most of the file (CartPole's took 9 times its estimate)."""
-        tensors_per_segment = len(self._layout or {}) + 2  # a chain's first step: rare
+        """What one stored step takes in a saved file (``state_dict``), at most: its own
+        bytes, and torch.save's bytes for each tensor (~260, measured) of its segment (its
+        steps, an LSTM state, and the first step of its chain) spread over the segment's
+        steps. For small observations these are most of the file (CartPole's took 9 times
+        its estimate once; later, with a column more, 1.007 times, where half the kept
+        segments began a saved chain and so carried a first step)."""
+        columns = len(self._layout or {})
+        tensors_per_segment = 2 * columns + 2  # steps, a chain's first step, an LSTM state
         overhead = FILE_BYTES_PER_TENSOR * tensors_per_segment // max(1, self._unroll_length)
         return self.bytes_per_transition() + overhead
 
